@@ -1,0 +1,36 @@
+# The README's two commands:  `make up`  (backend + worker on 127.0.0.1:8000, SQLite under
+# ./data)  and  `make test`  (the whole suite, browser tests included).
+# Override TORCH_SPEC for your own build, e.g.
+#   make up TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: up test install system-deps lint clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q $(TORCH_SPEC)
+	$(BIN)/python -m pip install -q -e ".[worker,postgres,dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# Debian packages the tests need (chromium for the browser tests); only when root.
+system-deps:
+	@bash scripts/system-deps.sh
+
+up: install
+	$(BIN)/ckptlab up
+
+test: install system-deps
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: install
+	$(BIN)/ruff check .
+
+clean:
+	rm -rf $(VENV) data

@@ -1,0 +1,3 @@
+from ckptlab.cli import main
+
+main()

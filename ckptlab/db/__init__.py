@@ -1,0 +1,1 @@
+"""Database schema, engine and the data-access functions shared by backend and worker."""

@@ -1,0 +1,97 @@
+"""REST API: validation (422 naming the field, nothing stored), 404s, and a real worker
+completing a submitted experiment."""
+
+import pytest
+
+from tests.factories import spec_dict
+from tests.support import wait_for
+
+
+def count(client) -> int:
+    return client.get("/api/experiments").json()["count"]
+
+
+def test_health(client):
+    r = client.get("/api/health")
+    assert r.status_code == 200
+    assert r.json()["status"] == "ok" and r.json()["database"] == "sqlite"
+
+
+def test_submit_returns_queued_experiment(client):
+    r = client.post("/api/experiments", json=spec_dict())
+    assert r.status_code == 201
+    body = r.json()
+    assert body["status"] == "queued" and isinstance(body["id"], int)
+    assert body["spec"] == spec_dict()
+    assert client.get(f"/api/experiments/{body['id']}").json()["status"] == "queued"
+
+
+def _bad_misspelled():
+    d = spec_dict()
+    d["batchsize"] = d.pop("batch_size")
+    return d
+
+
+@pytest.mark.parametrize(
+    ("body", "loc"),
+    [
+        (
+            spec_dict(**{"checkpoint.strategy": "sequential", "checkpoint.segments": 0}),
+            ["body", "checkpoint", "segments"],
+        ),
+        (
+            spec_dict(**{"checkpoint.strategy": "sequential", "checkpoint.segments": 9}),
+            ["body", "checkpoint", "segments"],
+        ),
+        (spec_dict(**{"model.kind": "unet"}), ["body", "model", "kind"]),
+        (_bad_misspelled(), ["body", "batchsize"]),
+    ],
+)
+def test_bad_spec_gets_422_naming_the_field_and_stores_nothing(client, body, loc):
+    before = count(client)
+    r = client.post("/api/experiments", json=body)
+    assert r.status_code == 422
+    assert loc in [e["loc"] for e in r.json()["detail"]]
+    assert count(client) == before
+
+
+def test_unknown_ids_get_404(client):
+    assert client.get("/api/experiments/999").status_code == 404
+    assert client.get("/api/experiments/999/steps").status_code == 404
+
+
+def test_frontend_and_plotly_are_served_locally(client):
+    index = client.get("/")
+    assert index.status_code == 200 and "/static/plotly.min.js" in index.text
+    js = client.get("/static/plotly.min.js")
+    assert js.status_code == 200 and len(js.content) > 1_000_000
+    assert "cdn" not in index.text.lower()
+
+
+def test_worker_completes_submitted_experiment(client, worker_process):
+    ids = [
+        client.post("/api/experiments", json=spec_dict(steps=5)).json()["id"],
+        client.post(
+            "/api/experiments",
+            json=spec_dict(steps=4, **{"checkpoint.strategy": "sequential", "checkpoint.segments": 4}),
+        ).json()["id"],
+    ]
+
+    def finished():
+        rows = [client.get(f"/api/experiments/{i}").json() for i in ids]
+        return rows if all(r["status"] in ("succeeded", "failed") for r in rows) else None
+
+    plain, seq = wait_for(finished, timeout=120, interval=0.25)
+    assert plain["status"] == seq["status"] == "succeeded", (plain["error"], seq["error"])
+    assert plain["worker_id"] and plain["started_at"] and plain["finished_at"]
+    assert seq["summary"]["activation_bytes"] < plain["summary"]["activation_bytes"]
+
+    steps = client.get(f"/api/experiments/{ids[0]}/steps").json()
+    assert steps["count"] == 5
+    assert [s["step"] for s in steps["data"]] == [1, 2, 3, 4, 5]
+    assert all(s["peak_allocated_bytes"] >= s["allocated_bytes"] > 0 for s in steps["data"])
+
+    listing = client.get("/api/experiments").json()
+    assert listing["count"] == 2
+    assert [e["id"] for e in listing["data"]] == sorted(ids, reverse=True)
+    assert {e["status"] for e in client.get("/api/experiments?status=succeeded").json()["data"]} == {"succeeded"}

@@ -1,0 +1,87 @@
+import math
+import threading
+
+from sqlalchemy import func, select
+
+from ckptlab.db.engine import make_engine, make_sessionmaker
+from ckptlab.db.models import Experiment, Step
+from ckptlab.db.store import add_steps, claim_next, create_experiment, finish_experiment, list_steps
+from tests.factories import make_spec
+
+
+def _record(step, loss=1.0):
+    return {
+        "step": step,
+        "forward_ms": 1.0,
+        "backward_ms": 2.0,
+        "optimizer_ms": 0.5,
+        "step_ms": 3.5,
+        "allocated_bytes": 100,
+        "peak_allocated_bytes": 200,
+        "loss": loss,
+    }
+
+
+def test_claim_takes_oldest_queued_once(db_session):
+    a = create_experiment(db_session, spec=make_spec())
+    b = create_experiment(db_session, spec=make_spec())
+    first = claim_next(db_session, worker_id="w1")
+    second = claim_next(db_session, worker_id="w2")
+    assert (first.id, second.id) == (a.id, b.id)
+    assert first.status == "running" and first.worker_id == "w1" and first.attempt == 1
+    assert claim_next(db_session, worker_id="w3") is None
+
+
+def test_concurrent_claims_never_share_an_experiment(database_url):
+    engine = make_engine(database_url)
+    Session = make_sessionmaker(engine)
+    with Session() as s:
+        for _ in range(40):
+            create_experiment(s, spec=make_spec())
+    claimed: list[int] = []
+    lock = threading.Lock()
+
+    def claimer(wid):
+        with Session() as s:
+            while (exp := claim_next(s, worker_id=wid)) is not None:
+                with lock:
+                    claimed.append(exp.id)
+
+    threads = [threading.Thread(target=claimer, args=(f"w{i}",)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(claimed) == list(range(1, 41))
+    engine.dispose()
+
+
+def test_non_finite_loss_is_explicit(db_session):
+    exp = create_experiment(db_session, spec=make_spec(), status="running")
+    add_steps(
+        db_session,
+        experiment_id=exp.id,
+        attempt=1,
+        records=[_record(1, math.nan), _record(2, math.inf), _record(3, -math.inf), _record(4, 0.25)],
+    )
+    rows = list_steps(db_session, experiment_id=exp.id)
+    assert [(r.loss, r.loss_nonfinite) for r in rows] == [(None, "nan"), (None, "inf"), (None, "-inf"), (0.25, None)]
+
+
+def test_steps_of_other_attempts_are_not_mixed_in(db_session):
+    exp = create_experiment(db_session, spec=make_spec(), status="running")
+    add_steps(db_session, experiment_id=exp.id, attempt=1, records=[_record(1), _record(2)])
+    exp.attempt = 2
+    db_session.commit()
+    add_steps(db_session, experiment_id=exp.id, attempt=2, records=[_record(1)])
+    assert len(list_steps(db_session, experiment_id=exp.id)) == 1
+    assert len(list_steps(db_session, experiment_id=exp.id, attempt=1)) == 2
+    assert db_session.scalar(select(func.count()).select_from(Step)) == 3
+
+
+def test_finish_records_outcome(db_session):
+    exp = create_experiment(db_session, spec=make_spec(), status="running")
+    finish_experiment(db_session, experiment_id=exp.id, status="failed", error="boom")
+    row = db_session.get(Experiment, exp.id, populate_existing=True)
+    assert (row.status, row.error) == ("failed", "boom")
+    assert row.finished_at is not None

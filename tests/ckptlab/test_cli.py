@@ -1,0 +1,111 @@
+"""``ckptlab run``: the table, the JSON summary, and exit code 2 with one line on bad input."""
+
+import json
+
+import pytest
+from sqlalchemy import func, select
+from typer.testing import CliRunner
+
+from ckptlab.cli import app
+from ckptlab.db.engine import make_engine
+from ckptlab.db.models import Experiment
+from ckptlab.settings import get_settings
+from tests.factories import spec_dict
+
+
+@pytest.fixture
+def cli(monkeypatch, data_dir):
+    """Invoke the CLI with its data folder (and SQLite file) under ``data_dir``."""
+    monkeypatch.setenv("CKPTLAB_DATA_DIR", str(data_dir))
+    monkeypatch.delenv("CKPTLAB_DATABASE_URL", raising=False)
+    get_settings.cache_clear()
+    runner = CliRunner()
+
+    def invoke(*args):
+        return runner.invoke(app, list(args))
+
+    yield invoke
+    get_settings.cache_clear()
+
+
+def write_spec(tmp_path, name="spec.json", **overrides):
+    p = tmp_path / name
+    p.write_text(json.dumps(spec_dict(**overrides)))
+    return p
+
+
+def stored_count(data_dir) -> int:
+    db = data_dir / "ckptlab.db"
+    if not db.exists():
+        return 0
+    engine = make_engine(f"sqlite:///{db}")
+    try:
+        from sqlalchemy import inspect
+
+        if not inspect(engine).has_table("experiments"):
+            return 0
+        with engine.connect() as c:
+            return c.scalar(select(func.count()).select_from(Experiment))
+    finally:
+        engine.dispose()
+
+
+def run_json(cli, path) -> dict:
+    result = cli("run", str(path), "--json")
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_run_prints_table_and_json_summary(cli, tmp_path, data_dir):
+    result = cli("run", str(write_spec(tmp_path, steps=3)), "--json")
+    assert result.exit_code == 0, result.output
+    assert "forward ms" in result.stdout
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["status"] == "succeeded"
+    assert summary["activation_bytes"] > 0
+    assert summary["params_without_grad"] == 0
+    assert stored_count(data_dir) == 1
+
+
+def test_segments_law_at_the_edges(cli, tmp_path):
+    """4 segments keep fewer activation bytes than no checkpointing; 1 segment keeps the
+    same (PyTorch never checkpoints the last segment)."""
+    depth = {"model.depth": 16, "model.width": 128, "batch_size": 32}
+    none = run_json(cli, write_spec(tmp_path, "none.json", **depth))
+    seg4 = run_json(
+        cli, write_spec(tmp_path, "s4.json", **depth, **{"checkpoint.strategy": "sequential", "checkpoint.segments": 4})
+    )
+    seg1 = run_json(
+        cli, write_spec(tmp_path, "s1.json", **depth, **{"checkpoint.strategy": "sequential", "checkpoint.segments": 1})
+    )
+    assert seg4["activation_bytes"] < 0.6 * none["activation_bytes"]
+    assert seg1["activation_bytes"] == pytest.approx(none["activation_bytes"], rel=0.02)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"checkpoint.strategy": "sequential", "checkpoint.segments": 0}, "checkpoint.segments"),
+        ({"checkpoint.strategy": "sequential", "checkpoint.segments": 9}, "checkpoint.segments"),
+        ({"model.kind": "vit"}, "model.kind"),
+        ({"checkpoint.segmnets": 2}, "checkpoint.segmnets"),
+    ],
+)
+def test_bad_spec_exits_2_with_one_line_and_stores_nothing(cli, tmp_path, data_dir, overrides, field):
+    result = cli("run", str(write_spec(tmp_path, **overrides)))
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and field in lines[0]
+    assert result.stdout == ""
+    assert stored_count(data_dir) == 0
+
+
+@pytest.mark.parametrize("content", [None, "{not json"])
+def test_missing_or_malformed_file_exits_2(cli, tmp_path, data_dir, content):
+    path = tmp_path / "spec.json"
+    if content is not None:
+        path.write_text(content)
+    result = cli("run", str(path))
+    assert result.exit_code == 2
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert stored_count(data_dir) == 0

@@ -1,0 +1,16 @@
+"""Helpers for tests."""
+
+from __future__ import annotations
+
+import time
+
+
+def wait_for(predicate, timeout: float = 60.0, interval: float = 0.1):
+    """Poll ``predicate()`` until it returns a truthy value; raise TimeoutError after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise TimeoutError(f"condition not met within {timeout} s")

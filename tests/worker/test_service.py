@@ -1,0 +1,42 @@
+from ckptlab.db.store import create_experiment, get_experiment, list_steps
+from tests.factories import make_spec
+from worker.service import run_worker
+
+
+def test_worker_runs_queued_experiments_and_survives_a_failure(database_url, db_session):
+    bad = create_experiment(db_session, spec=make_spec(device="cuda"))  # fails on a CPU-only worker
+    good = create_experiment(db_session, spec=make_spec(steps=4))
+    import torch
+
+    ran = run_worker(database_url=database_url, exit_when_idle=True, worker_id="test-worker")
+    assert ran == 2
+    db_session.expire_all()
+    good_row = get_experiment(db_session, experiment_id=good.id)
+    assert good_row.status == "succeeded"
+    assert good_row.worker_id == "test-worker"
+    assert good_row.summary["activation_bytes"] > 0
+    assert [s.step for s in list_steps(db_session, experiment_id=good.id)] == [1, 2, 3, 4]
+    bad_row = get_experiment(db_session, experiment_id=bad.id)
+    if torch.cuda.is_available():
+        assert bad_row.status == "succeeded"
+    else:
+        assert bad_row.status == "failed"
+        assert "CUDA is not available" in bad_row.error
+        assert bad_row.finished_at is not None
+
+
+def test_crashed_child_marks_experiment_failed(database_url, db_session, monkeypatch):
+    exp = create_experiment(db_session, spec=make_spec())
+    # A child that dies without recording anything, like a segfault or the OOM killer.
+    monkeypatch.setattr("worker.service._child_main", _die)
+    run_worker(database_url=database_url, exit_when_idle=True)
+    db_session.expire_all()
+    row = get_experiment(db_session, experiment_id=exp.id)
+    assert row.status == "failed"
+    assert "exited with code 7" in row.error
+
+
+def _die(*_args):
+    import os
+
+    os._exit(7)

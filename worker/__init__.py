@@ -1,0 +1,1 @@
+"""The ckptlab worker: runs checkpointing experiments with PyTorch and records them."""

@@ -1,0 +1,120 @@
+"""Memory probes: exact live tensor bytes on CPU, allocator statistics on CUDA.
+
+CPU has no allocator statistics, so :class:`LiveTensorTracker` counts every tensor storage
+created while it is active and subtracts it when the storage is freed, the method of
+``torch.distributed._tools.mem_tracker.MemTracker`` (a ``TorchDispatchMode`` plus a weak
+reference per storage). Unlike RSS it ignores allocator caching: it is the byte count the
+CUDA caching allocator would report as "allocated" (without its 512-byte rounding).
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+from torch.utils.weak import WeakIdKeyDictionary
+
+__all__ = ["SimulatedOutOfMemoryError", "LiveTensorTracker", "CudaProbe"]
+
+
+class SimulatedOutOfMemoryError(MemoryError):
+    """Raised by :class:`LiveTensorTracker` when live bytes pass its ``limit_bytes``.
+
+    Attributes:
+        live_bytes: live tensor bytes at the failing allocation.
+        limit_bytes: the limit that was passed.
+    """
+
+    def __init__(self, live_bytes: int, limit_bytes: int):
+        super().__init__(
+            f"simulated out of memory: {live_bytes} live tensor bytes exceed the limit of "
+            f"{limit_bytes} bytes; lower batch_size or checkpoint more segments"
+        )
+        self.live_bytes = live_bytes
+        self.limit_bytes = limit_bytes
+
+
+class LiveTensorTracker(TorchDispatchMode):
+    """Count live tensor bytes exactly, for CPU runs.
+
+    Use as a context manager around everything that allocates (model construction included):
+    every storage returned by an ATen op while the mode is active is counted once, by its
+    ``nbytes()``, until it is garbage collected.
+
+    Args:
+        limit_bytes: if set, raise :class:`SimulatedOutOfMemoryError` as soon as live bytes
+            exceed it (emulates a smaller device). Default: None.
+
+    Attributes:
+        live_bytes: bytes of tracked storages alive now.
+        peak_bytes: highest ``live_bytes`` since construction or :meth:`reset_peak`.
+
+    Warning:
+        Tensors created before the mode was entered are not counted; call :meth:`track` on
+        them. Storages resized in place after creation keep their creation size.
+    """
+
+    def __init__(self, limit_bytes: int | None = None):
+        super().__init__()
+        self.live_bytes = 0
+        self.peak_bytes = 0
+        self.limit_bytes = limit_bytes
+        self._seen: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+    def _release(self, nbytes: int) -> None:
+        self.live_bytes -= nbytes
+
+    def track(self, t: torch.Tensor) -> None:
+        """Count ``t``'s storage if it is not counted yet."""
+        if t.device.type == "meta":
+            return
+        st = t.untyped_storage()
+        if st in self._seen:
+            return
+        nbytes = st.nbytes()
+        self._seen[st] = nbytes
+        weakref.finalize(st, self._release, nbytes)
+        self.live_bytes += nbytes
+        if self.live_bytes > self.peak_bytes:
+            self.peak_bytes = self.live_bytes
+        if self.limit_bytes is not None and self.live_bytes > self.limit_bytes:
+            raise SimulatedOutOfMemoryError(self.live_bytes, self.limit_bytes)
+
+    def reset_peak(self) -> None:
+        """Start a new peak window at the current live bytes."""
+        self.peak_bytes = self.live_bytes
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for leaf in tree_leaves(out):
+            if isinstance(leaf, torch.Tensor):
+                self.track(leaf)
+        return out
+
+
+class CudaProbe:
+    """The CUDA caching allocator's statistics for one device (``torch.cuda``).
+
+    ``live_bytes`` is ``memory_allocated``, ``peak_bytes`` ``max_memory_allocated`` since
+    :meth:`reset_peak` and ``reserved_bytes`` ``memory_reserved``; all in bytes.
+    """
+
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    @property
+    def live_bytes(self) -> int:
+        return torch.cuda.memory_allocated(self.device)
+
+    @property
+    def peak_bytes(self) -> int:
+        return torch.cuda.max_memory_allocated(self.device)
+
+    @property
+    def reserved_bytes(self) -> int:
+        return torch.cuda.memory_reserved(self.device)
+
+    def reset_peak(self) -> None:
+        torch.cuda.reset_peak_memory_stats(self.device)
