@@ -27,7 +27,7 @@ class ExperimentPublic(BaseModel):
     model_config = ConfigDict(from_attributes=True)
 
     id: int
-    status: Literal["queued", "running", "succeeded", "failed"]
+    status: Literal["queued", "running", "succeeded", "failed", "oom", "timed_out", "cancelled"]
     spec: dict[str, Any]
     created_at: datetime
     started_at: datetime | None
@@ -36,6 +36,8 @@ class ExperimentPublic(BaseModel):
     attempt: int
     summary: dict[str, Any] | None
     error: str | None
+    warnings: list[str] | None = None
+    sweep_id: int | None = None
 
 
 class ExperimentsPublic(BaseModel):

@@ -14,12 +14,30 @@ Example (JSON)::
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-__all__ = ["MLPSpec", "CheckpointSpec", "ExperimentSpec", "EXAMPLE_SPEC"]
+__all__ = [
+    "MLPSpec",
+    "ResNetSpec",
+    "TransformerSpec",
+    "DenseNetSpec",
+    "CustomModelSpec",
+    "ModelSpec",
+    "CheckpointSpec",
+    "ExperimentSpec",
+    "EXAMPLE_SPEC",
+    "STRATEGIES",
+    "SELECTIVE_POLICIES",
+    "MODEL_KINDS",
+]
+
+STRATEGIES = ("none", "sequential", "per_block", "selective", "offload")
+#: Named policies for strategy ``selective`` (see ``worker.strategies``).
+SELECTIVE_POLICIES = ("save_matmuls", "save_matmuls_and_attention", "recompute_all")
+MODEL_KINDS = ("mlp", "resnet", "transformer", "densenet", "custom")
 
 
 class _Strict(BaseModel):
@@ -35,32 +53,131 @@ class MLPSpec(_Strict):
     Shapes: input ``(batch_size, width)`` float32 -> stem ``Linear(width, width) -> ReLU``
     -> ``depth`` x block ``Linear(width, width) -> ReLU [-> Dropout(dropout)]`` -> head
     ``Linear(width, 10)`` -> cross-entropy against 10 synthetic classes.
-    Only the block list is checkpointed. Parameters: ``(depth + 1) * (width**2 + width) +
-    10 * width + 10``.
+    Only the block list is checkpointed. With ``stem: false`` the blocks receive the raw
+    input, which does not require grad (the reentrant-checkpoint pitfall of the seeds).
     """
 
     kind: Literal["mlp"] = "mlp"
     depth: int = Field(32, ge=1, le=1024, description="number of identical blocks")
     width: int = Field(1024, ge=1, le=16384, description="features per block")
     dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout probability after each block")
+    stem: bool = Field(True, description="put a Linear+ReLU stem before the blocks")
+
+
+class ResNetSpec(_Strict):
+    """The image-to-image generator of the seed documents (CycleGAN-style ResNet generator).
+
+    Shapes: input ``(B, 3, image_size, image_size)`` -> stem ``Conv7x7(3, channels) ->
+    BN -> ReLU`` and two stride-2 ``Conv3x3`` downsamplings to ``4*channels`` at
+    ``image_size/4`` -> ``depth`` residual blocks ``x + (Conv3x3 -> BN -> ReLU [-> Dropout]
+    -> Conv3x3 -> BN)(x)`` -> head: two ``ConvTranspose`` upsamplings and ``Conv7x7 -> tanh``
+    back to ``(B, 3, image_size, image_size)``; loss: L1 against a synthetic target image.
+    """
+
+    kind: Literal["resnet"] = "resnet"
+    depth: int = Field(9, ge=1, le=256, description="residual blocks")
+    channels: int = Field(16, ge=1, le=1024, description="channels of the stem (blocks use 4x)")
+    image_size: int = Field(64, ge=8, le=1024, description="input height and width (multiple of 4)")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+
+    @model_validator(mode="after")
+    def _size_multiple_of_4(self) -> ResNetSpec:
+        if self.image_size % 4:
+            raise _field_error(("image_size",), self.image_size, "image_size must be a multiple of 4")
+        return self
+
+
+class TransformerSpec(_Strict):
+    """A GPT-style decoder: token + position embeddings, ``depth`` pre-norm blocks
+    ``x + Attn(LN(x))``, ``x + MLP(LN(x))`` with causal ``F.scaled_dot_product_attention``
+    and a 4x GELU MLP, final LN and a linear LM head.
+
+    Shapes: tokens ``(B, seq_len)`` int64 in ``[0, vocab_size)``; blocks ``(B, seq_len,
+    d_model)``; logits ``(B, seq_len, vocab_size)``; loss: next-token cross-entropy.
+    """
+
+    kind: Literal["transformer"] = "transformer"
+    depth: int = Field(4, ge=1, le=256, description="decoder blocks")
+    d_model: int = Field(128, ge=8, le=16384)
+    heads: int = Field(4, ge=1, le=256)
+    seq_len: int = Field(128, ge=2, le=32768)
+    vocab_size: int = Field(1000, ge=2, le=1_000_000)
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+
+    @model_validator(mode="after")
+    def _heads_divide_d_model(self) -> TransformerSpec:
+        if self.d_model % self.heads:
+            raise _field_error(("heads",), self.heads, f"heads ({self.heads}) must divide d_model ({self.d_model})")
+        return self
+
+
+class DenseNetSpec(_Strict):
+    """A DenseNet dense block (Huang et al. 2017) with the bottleneck that "memory-efficient
+    DenseNet" (Pleiss et al. 2017) checkpoints.
+
+    Shapes: input ``(B, 3, image_size, image_size)`` -> stem ``Conv3x3(3, 2*growth_rate)``
+    -> ``depth`` dense layers, each ``x -> cat([x, f(x)])`` where ``f`` = the bottleneck
+    (BN -> ReLU -> Conv1x1 to ``bn_size*growth_rate``) then BN -> ReLU -> Conv3x3 to
+    ``growth_rate`` channels -> head: BN -> ReLU -> global average pool -> Linear(…, 10).
+    """
+
+    kind: Literal["densenet"] = "densenet"
+    depth: int = Field(12, ge=1, le=256, description="dense layers")
+    growth_rate: int = Field(12, ge=1, le=256)
+    bn_size: int = Field(4, ge=1, le=16)
+    image_size: int = Field(32, ge=4, le=512)
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+
+
+class CustomModelSpec(_Strict):
+    """A model registered by an installed package under the ``ckptlab.models`` entry-point
+    group. Only installed entry points can be named; a request never names code to import.
+
+    Args:
+        name: the entry point's name.
+        depth: number of blocks the factory returns (checked when the model is built).
+        options: keyword arguments for the factory (numbers, strings, booleans).
+    """
+
+    kind: Literal["custom"] = "custom"
+    name: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.\-]+$")
+    depth: int = Field(ge=1, le=4096)
+    options: dict[str, Union[int, float, bool, str]] = Field(default_factory=dict, max_length=64)
+
+
+ModelSpec = Annotated[
+    Union[MLPSpec, ResNetSpec, TransformerSpec, DenseNetSpec, CustomModelSpec],
+    Field(discriminator="kind"),
+]
 
 
 class CheckpointSpec(_Strict):
     """How the block list is checkpointed.
 
     Args:
-        strategy: ``none`` keeps every activation; ``sequential`` runs
-            ``torch.utils.checkpoint.checkpoint_sequential(blocks, segments, x)``.
-        segments: number of segments for ``sequential`` (1 to ``model.depth``). PyTorch
+        strategy: ``none`` keeps every activation; ``sequential`` splits the blocks as
+            ``torch.utils.checkpoint.checkpoint_sequential`` does (``len // segments``
+            blocks per segment, the last segment not checkpointed); ``per_block``
+            checkpoints every group of ``every`` blocks (Megatron's "uniform");
+            ``selective`` checkpoints every group of ``every`` blocks with
+            ``create_selective_checkpoint_contexts(policy)``; ``offload`` keeps every
+            activation but moves it to host memory (``torch.autograd.graph.save_on_cpu``).
+        segments: segments for ``sequential`` (1 to ``model.depth``; default 1). PyTorch
             never checkpoints the last segment, so ``segments=1`` saves nothing.
-        use_reentrant: passed to PyTorch. ``True`` is the legacy autograd.Function variant
-            which gives no gradients when no input requires grad.
+        every: blocks per checkpointed group for ``per_block`` and ``selective`` (default 1).
+        policy: for ``selective``: ``save_matmuls`` (save matmul outputs, recompute the
+            rest, Korthikanti et al. 2022), ``save_matmuls_and_attention`` (also save the
+            attention output), ``recompute_all``.
+        use_reentrant: passed to PyTorch (default False). ``True`` is the legacy variant:
+            no gradients when no input requires grad; cannot run ``selective``.
         preserve_rng_state: restore the RNG state before recomputation so dropout masks
             match the first forward. Default: True.
     """
 
-    strategy: Literal["none", "sequential"] = "none"
+    strategy: Literal["none", "sequential", "per_block", "selective", "offload"] = "none"
     segments: int = Field(1, ge=1, description="segments for strategy 'sequential'")
+    every: int = Field(1, ge=1, description="blocks per checkpointed group for 'per_block' and 'selective'")
+    policy: Literal["save_matmuls", "save_matmuls_and_attention", "recompute_all"] = "save_matmuls"
     use_reentrant: bool = False
     preserve_rng_state: bool = True
 
@@ -69,30 +186,59 @@ class ExperimentSpec(_Strict):
     """One checkpointing experiment: a model, a checkpointing setting, and a short training run.
 
     Args:
-        model: the model to train (see :class:`MLPSpec`).
-        batch_size: samples per step (default 64).
-        steps: training steps, warm-up included (default 5).
+        model: the model to train (``kind``: mlp, resnet, transformer, densenet, custom).
+        batch_size: samples per micro-batch (default 64).
+        steps: optimizer steps, warm-up included (default 5).
         warmup_steps: first steps left out of the medians (default 1; must be < steps).
+        grad_accum_steps: micro-batches per optimizer step; the loss is divided by it
+            (default 1). Memory is that of one micro-batch.
         checkpoint: the checkpointing setting (see :class:`CheckpointSpec`).
-        amp: ``off`` or ``bf16`` (forward under ``torch.autocast`` with bfloat16).
-        optimizer: ``sgd`` or ``adam``.
+        amp: ``off``, ``fp16`` (autocast + ``torch.amp.GradScaler``) or ``bf16`` (autocast).
+        optimizer: ``sgd``, ``adam`` or ``adamw`` (default adam).
         device: ``auto`` (CUDA when available, else CPU), ``cpu`` or ``cuda``.
-        seed: seeds the weights and the synthetic data.
+        seed: seeds the weights, the synthetic data and dropout.
+        memory_limit_bytes: cap on allocated bytes (CUDA: ``set_per_process_memory_fraction``;
+            CPU: the tracker raises out-of-memory past it). Default: no cap.
+        verify_gradients: also run the first step without checkpointing from the same
+            weights, data and RNG seed and record the gradient difference (default True).
+        memory_snapshot: on CUDA, record ``torch.cuda.memory._record_memory_history`` and
+            keep a snapshot for pytorch.org/memory_viz (default False).
+        timeout_s: kill the run after this many seconds (default: the worker's setting).
 
     Raises:
-        pydantic.ValidationError: on unknown fields, values out of range, or
-            ``checkpoint.segments`` greater than ``model.depth``.
+        pydantic.ValidationError: on unknown fields, values out of range, or combinations
+            that cannot run (located at the field to fix).
     """
 
-    model: MLPSpec = Field(default_factory=MLPSpec)
+    model: ModelSpec = Field(default_factory=MLPSpec)
     batch_size: int = Field(64, ge=1, le=65536)
     steps: int = Field(5, ge=1, le=100_000)
     warmup_steps: int = Field(1, ge=0)
+    grad_accum_steps: int = Field(1, ge=1, le=1024)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
-    amp: Literal["off", "bf16"] = "off"
-    optimizer: Literal["sgd", "adam"] = "adam"
+    amp: Literal["off", "fp16", "bf16"] = "off"
+    optimizer: Literal["sgd", "adam", "adamw"] = "adam"
     device: Literal["auto", "cpu", "cuda"] = "auto"
     seed: int = Field(0, ge=0, le=2**63 - 1)
+    memory_limit_bytes: int | None = Field(None, ge=1)
+    verify_gradients: bool = True
+    memory_snapshot: bool = False
+    timeout_s: float | None = Field(None, gt=0, le=7 * 24 * 3600)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _model_kind(cls, data: Any) -> Any:
+        # Name the field in the error (pydantic would report the whole ``model``) and keep
+        # ``kind`` optional, defaulting to "mlp".
+        if isinstance(data, dict) and isinstance(data.get("model"), dict):
+            kind = data["model"].get("kind", "mlp")
+            if kind not in MODEL_KINDS:
+                raise _field_error(
+                    ("model", "kind"), kind, f"unknown model kind {kind!r}; expected one of {', '.join(MODEL_KINDS)}"
+                )
+            if "kind" not in data["model"]:
+                data = {**data, "model": {**data["model"], "kind": "mlp"}}
+        return data
 
     @model_validator(mode="after")
     def _cross_field_checks(self) -> ExperimentSpec:
@@ -109,6 +255,18 @@ class ExperimentSpec(_Strict):
                 ck.segments,
                 f"segments ({ck.segments}) must not exceed model.depth ({self.model.depth})",
             )
+        if ck.strategy in ("per_block", "selective") and ck.every > self.model.depth:
+            raise _field_error(
+                ("checkpoint", "every"),
+                ck.every,
+                f"every ({ck.every}) must not exceed model.depth ({self.model.depth})",
+            )
+        if ck.strategy == "selective" and ck.use_reentrant:
+            raise _field_error(
+                ("checkpoint", "use_reentrant"),
+                ck.use_reentrant,
+                "strategy 'selective' needs use_reentrant false (PyTorch: context_fn requires use_reentrant=False)",
+            )
         return self
 
 
@@ -121,7 +279,7 @@ def _field_error(loc: tuple[str, ...], value: object, message: str) -> Validatio
     )
 
 
-EXAMPLE_SPEC: dict = {
+EXAMPLE_SPEC: dict[str, Any] = {
     "model": {"kind": "mlp", "depth": 32, "width": 1024, "dropout": 0.0},
     "batch_size": 64,
     "steps": 5,

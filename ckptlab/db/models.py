@@ -16,6 +16,7 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     DateTime,
     Float,
     ForeignKey,
@@ -27,11 +28,14 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-__all__ = ["Base", "Experiment", "Step", "STATUSES", "FINISHED_STATUSES", "utcnow"]
+__all__ = ["Base", "Experiment", "Step", "Sweep", "Worker", "STATUSES", "FINISHED_STATUSES", "utcnow"]
 
 #: Lifecycle of an experiment. ``queued`` -> ``running`` -> one of the finished statuses.
-STATUSES = ("queued", "running", "succeeded", "failed")
-FINISHED_STATUSES = ("succeeded", "failed")
+#: ``oom``: ran out of (real or emulated) device memory; ``timed_out``: killed after
+#: ``timeout_s``; ``cancelled``: by a user; ``failed``: any other error, or its worker was lost
+#: more than the allowed number of times.
+STATUSES = ("queued", "running", "succeeded", "failed", "oom", "timed_out", "cancelled")
+FINISHED_STATUSES = ("succeeded", "failed", "oom", "timed_out", "cancelled")
 
 
 def utcnow() -> datetime:
@@ -60,10 +64,48 @@ class Experiment(Base):
     attempt: Mapped[int] = mapped_column(Integer, default=0)
     summary: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     error: Mapped[str | None] = mapped_column(Text)
+    #: Warnings and checkpoint errors raised during the run, in order, deduplicated.
+    warnings: Mapped[list[str] | None] = mapped_column(JSON)
+    sweep_id: Mapped[int | None] = mapped_column(ForeignKey("sweeps.id", ondelete="CASCADE"), index=True)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    #: Path of a CUDA memory snapshot (pickle for pytorch.org/memory_viz), when recorded.
+    snapshot_path: Mapped[str | None] = mapped_column(String(1024))
 
+    sweep: Mapped[Sweep | None] = relationship(back_populates="experiments")
     steps: Mapped[list[Step]] = relationship(
         back_populates="experiment", cascade="all, delete-orphan", order_by="Step.step"
     )
+
+
+class Sweep(Base):
+    """A named set of experiments expanded from a base spec and axes (dotted spec paths)."""
+
+    __tablename__ = "sweeps"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    base: Mapped[dict[str, Any]] = mapped_column(JSON)
+    axes: Mapped[dict[str, Any]] = mapped_column(JSON)
+    #: Combinations that failed validation: ``[{"values": {...}, "errors": [...]}]``.
+    invalid: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    cancelled: Mapped[bool] = mapped_column(Boolean, default=False)
+
+    experiments: Mapped[list[Experiment]] = relationship(back_populates="sweep", order_by="Experiment.id")
+
+
+class Worker(Base):
+    """A registered worker process and its heartbeat (UTC)."""
+
+    __tablename__ = "workers"
+
+    id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    host: Mapped[str] = mapped_column(String(255))
+    pid: Mapped[int] = mapped_column(Integer)
+    devices: Mapped[list[str]] = mapped_column(JSON)
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    heartbeat_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, index=True)
+    stopped_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
 class Step(Base):

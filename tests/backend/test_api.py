@@ -3,7 +3,8 @@ completing a submitted experiment."""
 
 import pytest
 
-from tests.factories import spec_dict
+from ckptlab.spec import ExperimentSpec
+from tests.factories import make_spec, spec_dict
 from tests.support import wait_for
 
 
@@ -22,7 +23,7 @@ def test_submit_returns_queued_experiment(client):
     assert r.status_code == 201
     body = r.json()
     assert body["status"] == "queued" and isinstance(body["id"], int)
-    assert body["spec"] == spec_dict()
+    assert ExperimentSpec.model_validate(body["spec"]) == make_spec()
     assert client.get(f"/api/experiments/{body['id']}").json()["status"] == "queued"
 
 

@@ -11,7 +11,8 @@ def locs(exc: ValidationError) -> list[tuple]:
 
 def test_example_spec_round_trips():
     spec = ExperimentSpec.model_validate(EXAMPLE_SPEC)
-    assert spec.model_dump(mode="json") == EXAMPLE_SPEC
+    assert ExperimentSpec.model_validate(spec.model_dump(mode="json")) == spec
+    assert spec.checkpoint.segments == 4 and spec.model.width == 1024
 
 
 @pytest.mark.parametrize(
