@@ -1,0 +1,33 @@
+"""Errors an experiment run ends with, carrying what the worker must store."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["RunError", "RunOutOfMemory"]
+
+
+class RunError(Exception):
+    """A run failed. ``status`` is the experiment status to record (``failed``).
+
+    Attributes:
+        warnings: warnings and checkpoint errors raised before the failure.
+        details: JSON-able facts about the failure (phase, step, bytes).
+    """
+
+    status = "failed"
+
+    def __init__(self, message: str, *, warnings: list[str] | None = None, details: dict[str, Any] | None = None):
+        super().__init__(message)
+        self.warnings = list(warnings or [])
+        self.details = dict(details or {})
+
+
+class RunOutOfMemory(RunError):
+    """The run ran out of device memory (real CUDA OOM, or the CPU tracker's emulated limit).
+
+    ``details`` holds ``phase`` (forward / backward / optimizer / setup), ``step`` (1-based,
+    0 during setup), ``live_bytes`` at failure and ``limit_bytes`` when a limit was set.
+    """
+
+    status = "oom"
