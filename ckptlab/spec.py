@@ -14,7 +14,7 @@ Example (JSON)::
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
@@ -142,11 +142,11 @@ class CustomModelSpec(_Strict):
     kind: Literal["custom"] = "custom"
     name: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.\-]+$")
     depth: int = Field(ge=1, le=4096)
-    options: dict[str, Union[int, float, bool, str]] = Field(default_factory=dict, max_length=64)
+    options: dict[str, int | float | bool | str] = Field(default_factory=dict, max_length=64)
 
 
 ModelSpec = Annotated[
-    Union[MLPSpec, ResNetSpec, TransformerSpec, DenseNetSpec, CustomModelSpec],
+    MLPSpec | ResNetSpec | TransformerSpec | DenseNetSpec | CustomModelSpec,
     Field(discriminator="kind"),
 ]
 

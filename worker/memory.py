@@ -16,7 +16,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakIdKeyDictionary
 
-__all__ = ["SimulatedOutOfMemoryError", "LiveTensorTracker", "CudaProbe"]
+__all__ = ["CATEGORIES", "SimulatedOutOfMemoryError", "LiveTensorTracker", "CudaProbe"]
 
 
 class SimulatedOutOfMemoryError(MemoryError):
@@ -36,12 +36,25 @@ class SimulatedOutOfMemoryError(MemoryError):
         self.limit_bytes = limit_bytes
 
 
+#: Memory categories, after ``torch.distributed._tools.mem_tracker`` (PARAM, GRAD, OPT, ACT, TEMP).
+CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "other")
+
+
+class _Info:
+    __slots__ = ("nbytes", "category")
+
+    def __init__(self, nbytes: int, category: str):
+        self.nbytes, self.category = nbytes, category
+
+
 class LiveTensorTracker(TorchDispatchMode):
-    """Count live tensor bytes exactly, for CPU runs.
+    """Count live tensor bytes exactly, by category, for CPU runs.
 
     Use as a context manager around everything that allocates (model construction included):
     every storage returned by an ATen op while the mode is active is counted once, by its
-    ``nbytes()``, until it is garbage collected.
+    ``nbytes()``, until it is garbage collected. New storages get the current
+    :attr:`category`; :meth:`retag` moves a storage to another one (parameters, gradients,
+    optimizer state are retagged by the engine as it learns what they are).
 
     Args:
         limit_bytes: if set, raise :class:`SimulatedOutOfMemoryError` as soon as live bytes
@@ -50,6 +63,10 @@ class LiveTensorTracker(TorchDispatchMode):
     Attributes:
         live_bytes: bytes of tracked storages alive now.
         peak_bytes: highest ``live_bytes`` since construction or :meth:`reset_peak`.
+        by_category: live bytes per category now.
+        peak_by_category: ``by_category`` as it was at ``peak_bytes``.
+        window_peak_bytes: highest ``live_bytes`` since :meth:`reset_window`.
+        category: category given to new storages (default ``other``).
 
     Warning:
         Tensors created before the mode was entered are not counted; call :meth:`track` on
@@ -60,31 +77,57 @@ class LiveTensorTracker(TorchDispatchMode):
         super().__init__()
         self.live_bytes = 0
         self.peak_bytes = 0
+        self.window_peak_bytes = 0
         self.limit_bytes = limit_bytes
+        self.category = "other"
+        self.by_category = dict.fromkeys(CATEGORIES, 0)
+        self.peak_by_category = dict(self.by_category)
         self._seen: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
-    def _release(self, nbytes: int) -> None:
-        self.live_bytes -= nbytes
+    def _release(self, info: _Info) -> None:
+        self.live_bytes -= info.nbytes
+        self.by_category[info.category] -= info.nbytes
 
     def track(self, t: torch.Tensor) -> None:
-        """Count ``t``'s storage if it is not counted yet."""
+        """Count ``t``'s storage if it is not counted yet.
+
+        Raises:
+            SimulatedOutOfMemoryError: live bytes passed ``limit_bytes``.
+        """
         if t.device.type == "meta":
             return
         st = t.untyped_storage()
         if st in self._seen:
             return
-        nbytes = st.nbytes()
-        self._seen[st] = nbytes
-        weakref.finalize(st, self._release, nbytes)
-        self.live_bytes += nbytes
+        info = _Info(st.nbytes(), self.category)
+        self._seen[st] = info
+        weakref.finalize(st, self._release, info)
+        self.live_bytes += info.nbytes
+        self.by_category[info.category] += info.nbytes
+        if self.live_bytes > self.window_peak_bytes:
+            self.window_peak_bytes = self.live_bytes
         if self.live_bytes > self.peak_bytes:
             self.peak_bytes = self.live_bytes
+            self.peak_by_category = dict(self.by_category)
         if self.limit_bytes is not None and self.live_bytes > self.limit_bytes:
             raise SimulatedOutOfMemoryError(self.live_bytes, self.limit_bytes)
+
+    def retag(self, t: torch.Tensor, category: str) -> None:
+        """Move ``t``'s storage (if tracked) to ``category``."""
+        info = self._seen.get(t.untyped_storage())
+        if info is not None and info.category != category:
+            self.by_category[info.category] -= info.nbytes
+            self.by_category[category] += info.nbytes
+            info.category = category
 
     def reset_peak(self) -> None:
         """Start a new peak window at the current live bytes."""
         self.peak_bytes = self.live_bytes
+        self.peak_by_category = dict(self.by_category)
+
+    def reset_window(self) -> None:
+        """Start a new inner window (for the recomputation peak) at the current live bytes."""
+        self.window_peak_bytes = self.live_bytes
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))

@@ -27,6 +27,7 @@ from sqlalchemy import (
     UniqueConstraint,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy.types import TypeDecorator
 
 __all__ = ["Base", "Experiment", "Step", "Sweep", "Worker", "STATUSES", "FINISHED_STATUSES", "utcnow"]
 
@@ -43,6 +44,23 @@ def utcnow() -> datetime:
     return datetime.now(timezone.utc)
 
 
+class UTCDateTime(TypeDecorator):
+    """Timezone-aware UTC datetimes on every dialect (SQLite drops the offset: put it back)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect) -> datetime | None:
+        if value is not None and value.tzinfo is not None:
+            value = value.astimezone(timezone.utc)
+        return value
+
+    def process_result_value(self, value: datetime | None, dialect) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            value = value.replace(tzinfo=timezone.utc)
+        return value
+
+
 class Base(DeclarativeBase):
     """Declarative base of the ckptlab schema."""
 
@@ -57,9 +75,9 @@ class Experiment(Base):
     spec: Mapped[dict[str, Any]] = mapped_column(JSON)
     model_kind: Mapped[str] = mapped_column(String(32))
     strategy: Mapped[str] = mapped_column(String(32))
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
-    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     worker_id: Mapped[str | None] = mapped_column(String(128))
     attempt: Mapped[int] = mapped_column(Integer, default=0)
     summary: Mapped[dict[str, Any] | None] = mapped_column(JSON)
@@ -88,7 +106,7 @@ class Sweep(Base):
     axes: Mapped[dict[str, Any]] = mapped_column(JSON)
     #: Combinations that failed validation: ``[{"values": {...}, "errors": [...]}]``.
     invalid: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     cancelled: Mapped[bool] = mapped_column(Boolean, default=False)
 
     experiments: Mapped[list[Experiment]] = relationship(back_populates="sweep", order_by="Experiment.id")
@@ -103,9 +121,9 @@ class Worker(Base):
     host: Mapped[str] = mapped_column(String(255))
     pid: Mapped[int] = mapped_column(Integer)
     devices: Mapped[list[str]] = mapped_column(JSON)
-    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
-    heartbeat_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, index=True)
-    stopped_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    heartbeat_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, index=True)
+    stopped_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
 
 
 class Step(Base):
