@@ -9,12 +9,12 @@ CUDA caching allocator would report as "allocated" (without its 512-byte roundin
 
 from __future__ import annotations
 
+import functools
 import weakref
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
-from torch.utils.weak import WeakIdKeyDictionary
 
 __all__ = ["CATEGORIES", "SimulatedOutOfMemoryError", "LiveTensorTracker", "CudaProbe"]
 
@@ -82,11 +82,17 @@ class LiveTensorTracker(TorchDispatchMode):
         self.category = "other"
         self.by_category = dict.fromkeys(CATEGORIES, 0)
         self.peak_by_category = dict(self.by_category)
-        self._seen: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        # StorageImpl address -> (weak reference to the storage, its info). The weak
+        # reference's callback runs when the storage is freed (PyTorch keeps one Python
+        # object per live storage), before its address can be reused.
+        self._live: dict[int, tuple[weakref.ref, _Info]] = {}
 
-    def _release(self, info: _Info) -> None:
-        self.live_bytes -= info.nbytes
-        self.by_category[info.category] -= info.nbytes
+    def _on_free(self, key: int, _ref: weakref.ref) -> None:
+        entry = self._live.pop(key, None)
+        if entry is not None:
+            info = entry[1]
+            self.live_bytes -= info.nbytes
+            self.by_category[info.category] -= info.nbytes
 
     def track(self, t: torch.Tensor) -> None:
         """Count ``t``'s storage if it is not counted yet.
@@ -94,28 +100,27 @@ class LiveTensorTracker(TorchDispatchMode):
         Raises:
             SimulatedOutOfMemoryError: live bytes passed ``limit_bytes``.
         """
-        if t.device.type == "meta":
-            return
         st = t.untyped_storage()
-        if st in self._seen:
+        key = st._cdata
+        if key in self._live or t.device.type == "meta":
             return
         info = _Info(st.nbytes(), self.category)
-        self._seen[st] = info
-        weakref.finalize(st, self._release, info)
+        self._live[key] = (weakref.ref(st, functools.partial(self._on_free, key)), info)
         self.live_bytes += info.nbytes
         self.by_category[info.category] += info.nbytes
         if self.live_bytes > self.window_peak_bytes:
             self.window_peak_bytes = self.live_bytes
         if self.live_bytes > self.peak_bytes:
             self.peak_bytes = self.live_bytes
-            self.peak_by_category = dict(self.by_category)
+            self.peak_by_category = self.by_category.copy()
         if self.limit_bytes is not None and self.live_bytes > self.limit_bytes:
             raise SimulatedOutOfMemoryError(self.live_bytes, self.limit_bytes)
 
     def retag(self, t: torch.Tensor, category: str) -> None:
         """Move ``t``'s storage (if tracked) to ``category``."""
-        info = self._seen.get(t.untyped_storage())
-        if info is not None and info.category != category:
+        entry = self._live.get(t.untyped_storage()._cdata)
+        if entry is not None and entry[1].category != category:
+            info = entry[1]
             self.by_category[info.category] -= info.nbytes
             self.by_category[category] += info.nbytes
             info.category = category
@@ -131,9 +136,12 @@ class LiveTensorTracker(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        for leaf in tree_leaves(out):
-            if isinstance(leaf, torch.Tensor):
-                self.track(leaf)
+        if type(out) is torch.Tensor:  # the common case, without pytree's overhead
+            self.track(out)
+        else:
+            for leaf in tree_leaves(out):
+                if isinstance(leaf, torch.Tensor):
+                    self.track(leaf)
         return out
 
 
