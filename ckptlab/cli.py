@@ -126,20 +126,52 @@ def run(
 @app.command()
 def worker(
     once: Annotated[bool, typer.Option(help="exit when the queue is empty")] = False,
+    devices: Annotated[
+        str | None,
+        typer.Option(help="comma-separated devices, one experiment at a time each: cpu, cuda:0,cuda:1 ..."),
+    ] = None,
+    cpu_slots: Annotated[int, typer.Option(min=1, help="concurrent experiments on cpu")] = 1,
 ) -> None:
-    """Claim queued experiments and run them until SIGTERM / Ctrl-C."""
-    from worker.service import run_worker
+    """Claim queued experiments and run them until SIGTERM / Ctrl-C.
+
+    The first SIGTERM or SIGINT stops claiming and gives running experiments
+    CKPTLAB_SHUTDOWN_GRACE_S to finish before they are killed and requeued; a second one
+    requeues them at once. Devices default to every visible CUDA device, else cpu.
+    """
+    from worker.service import run_worker, slot_devices
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     s = _settings()
-    stop = threading.Event()
+    device_list = [d for d in devices.split(",") if d.strip()] if devices is not None else None
+    try:
+        slot_devices(device_list, cpu_slots=cpu_slots)
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+    stop, kill = threading.Event(), threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        if stop.is_set():
+            logging.getLogger("ckptlab.worker").warning("second signal: requeueing running experiments now")
+            kill.set()
+        else:
+            logging.getLogger("ckptlab.worker").warning(
+                "%s: claiming nothing more; running experiments get %g s to finish",
+                signal.Signals(signum).name,
+                s.shutdown_grace_s,
+            )
+            stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, on_signal)
     run_worker(
         database_url=s.resolved_database_url,
         stop_event=stop,
+        kill_event=kill,
         poll_interval_s=s.poll_interval_s,
         exit_when_idle=once,
+        devices=device_list,
+        cpu_slots=cpu_slots,
+        settings=s,
     )
 
 
@@ -178,12 +210,16 @@ def up(
     worker_proc = subprocess.Popen([sys.executable, "-m", "ckptlab", "worker"], env=env)
     console.print(f"ckptlab is up: http://{s.host}:{s.port}  (database {s.resolved_database_url})")
     sys.stdout.flush()
+    # uvicorn re-raises the SIGTERM it captured once it has shut down; make that an exit so
+    # the finally below stops the worker instead of leaving it orphaned.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         _serve(s)
     finally:
         worker_proc.send_signal(signal.SIGTERM)
         try:
-            worker_proc.wait(timeout=30)
+            # the worker gives a running experiment shutdown_grace_s, then requeues it
+            worker_proc.wait(timeout=s.shutdown_grace_s + 10)
         except subprocess.TimeoutExpired:
             worker_proc.kill()
 

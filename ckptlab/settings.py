@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from functools import lru_cache
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 __all__ = ["Settings", "get_settings"]
 
@@ -22,6 +24,33 @@ class Settings(BaseSettings):
         host: address the backend binds (default ``127.0.0.1``: local only).
         port: backend port (default 8000).
         poll_interval_s: how long an idle worker sleeps between claims, seconds (default 0.5).
+        default_timeout_s: kill an experiment whose spec sets no ``timeout_s`` after this many
+            seconds and record it ``timed_out`` (``CKPTLAB_DEFAULT_TIMEOUT_S``, default 3600).
+        lease_s: a running experiment whose worker has not heartbeated for this many seconds
+            is requeued by the reaper (``CKPTLAB_LEASE_S``, default 30). Workers heartbeat
+            every ``lease_s / 3`` seconds.
+        max_attempts: a lost experiment already claimed this many times is marked ``failed``
+            with error "worker lost" instead of being requeued (``CKPTLAB_MAX_ATTEMPTS``,
+            default 3).
+        shutdown_grace_s: on SIGTERM / SIGINT a worker lets its running experiments finish for
+            this many seconds, then kills and requeues them (``CKPTLAB_SHUTDOWN_GRACE_S``,
+            default 30).
+        api_token: when set (``CKPTLAB_API_TOKEN``), every write request to the API (POST,
+            PUT, PATCH, DELETE) needs ``Authorization: Bearer <token>``; reads stay open.
+            Default: unset (no token needed; keep ``host`` at 127.0.0.1 then).
+        cors_origins: origins allowed to call the API from a browser (``CKPTLAB_CORS_ORIGINS``,
+            comma-separated or a JSON list). Default: none, CORS off.
+        max_steps: most ``steps`` a submitted spec may ask for (default 100000).
+        max_batch_size: most ``batch_size`` a submitted spec may ask for (default 65536).
+        max_param_count: most model parameters a submitted spec may build, estimated from
+            the spec (:func:`ckptlab.limits.estimate_param_count`; default 1e9).
+        max_request_bytes: larger request bodies get 413 (default 1 MiB).
+        max_sweep_size: most experiments one sweep may queue, baselines included (default 256).
+        sse_poll_interval_s: how often a live stream polls the database, seconds (default 0.15).
+        series_max_points: largest ``max_points`` a series request may ask for (default 20000).
+        series_cache_bytes: memory the API may keep for per-step series, bytes (default 256 MiB).
+        series_warm_interval_s: how often the API brings the cached series of running
+            experiments up to date, seconds (default 2; 0 turns it off).
     """
 
     model_config = SettingsConfigDict(env_prefix="CKPTLAB_", extra="ignore")
@@ -31,6 +60,37 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
     poll_interval_s: float = Field(0.5, gt=0)
+    default_timeout_s: float = Field(3600.0, gt=0)
+    lease_s: float = Field(30.0, gt=0)
+    max_attempts: int = Field(3, ge=1)
+    shutdown_grace_s: float = Field(30.0, ge=0)
+    api_token: SecretStr | None = None
+    cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    max_steps: int = Field(100_000, ge=1)
+    max_batch_size: int = Field(65_536, ge=1)
+    max_param_count: int = Field(1_000_000_000, ge=1)
+    max_request_bytes: int = Field(1_048_576, ge=1024)
+    max_sweep_size: int = Field(256, ge=1)
+    sse_poll_interval_s: float = Field(0.15, gt=0, le=5)
+    series_max_points: int = Field(20_000, ge=10)
+    series_cache_bytes: int = Field(256 * 2**20, ge=0)
+    series_warm_interval_s: float = Field(2.0, ge=0)
+
+    @field_validator("cors_origins", mode="before")
+    @classmethod
+    def _split_origins(cls, value: object) -> object:
+        """Accept ``a,b`` as well as a JSON list from the environment."""
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("["):
+                return json.loads(text)
+            return [o.strip() for o in text.split(",") if o.strip()]
+        return value
+
+    @property
+    def heartbeat_interval_s(self) -> float:
+        """Seconds between a worker's heartbeats (and reaper passes): ``lease_s / 3``."""
+        return self.lease_s / 3
 
     @property
     def resolved_database_url(self) -> str:

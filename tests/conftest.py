@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 
 from ckptlab.db.engine import make_engine, make_sessionmaker, migrate
 from ckptlab.settings import Settings
+from tests.postgres import PostgresCluster, find_pg_bin
 
 
 def pytest_collection_modifyitems(config, items):
@@ -50,13 +51,55 @@ def database_url(data_dir: Path) -> str:
     return url
 
 
-@pytest.fixture
-def db_session(database_url: str) -> Iterator[Session]:
-    """A session on the fresh database."""
-    engine = make_engine(database_url)
+@pytest.fixture(scope="session")
+def postgres_cluster() -> Iterator[PostgresCluster]:
+    """A throwaway PostgreSQL cluster for the whole session (see :mod:`tests.postgres`);
+    skips when Debian's PostgreSQL server binaries are absent."""
+    pg_bin = find_pg_bin()
+    if pg_bin is None:
+        pytest.skip("PostgreSQL server binaries not found under /usr/lib/postgresql/*/bin (apt-get install postgresql)")
+    cluster = PostgresCluster(pg_bin)
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres_url(postgres_cluster: PostgresCluster) -> str:
+    """URL of the session's throwaway PostgreSQL server (its ``postgres`` database)."""
+    return postgres_cluster.url
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def any_database_url(request: pytest.FixtureRequest, data_dir: Path) -> str:
+    """URL of a fresh, migrated database: once SQLite, once PostgreSQL (a new database in the
+    session's cluster)."""
+    if request.param == "sqlite":
+        url = f"sqlite:///{data_dir / 'ckptlab.db'}"
+    else:
+        url = request.getfixturevalue("postgres_cluster").create_database()
+    engine = make_engine(url)
+    migrate(engine)
+    engine.dispose()
+    return url
+
+
+def _session_on(url: str) -> Iterator[Session]:
+    engine = make_engine(url)
     with make_sessionmaker(engine)() as session:
         yield session
     engine.dispose()
+
+
+@pytest.fixture
+def any_session(any_database_url: str) -> Iterator[Session]:
+    """A session on :func:`any_database_url`."""
+    yield from _session_on(any_database_url)
+
+
+@pytest.fixture
+def db_session(database_url: str) -> Iterator[Session]:
+    """A session on the fresh database."""
+    yield from _session_on(database_url)
 
 
 @pytest.fixture

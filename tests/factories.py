@@ -36,3 +36,17 @@ def spec_dict(**overrides: Any) -> dict[str, Any]:
 def make_spec(**overrides: Any) -> ExperimentSpec:
     """A validated tiny :class:`ExperimentSpec` (see :func:`spec_dict`)."""
     return ExperimentSpec.model_validate(spec_dict(**overrides))
+
+
+def step_record(step: int, loss: float = 1.0) -> dict[str, Any]:
+    """A step record as the engine reports it (times in ms, memory in bytes)."""
+    return {
+        "step": step,
+        "forward_ms": 1.0,
+        "backward_ms": 2.0,
+        "optimizer_ms": 0.5,
+        "step_ms": 3.5,
+        "allocated_bytes": 100,
+        "peak_allocated_bytes": 200,
+        "loss": loss,
+    }

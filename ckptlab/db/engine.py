@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 __all__ = ["make_engine", "migrate", "make_sessionmaker"]
 
 _MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
+#: PostgreSQL advisory lock key held while migrating (any constant shared by all processes).
+_MIGRATION_LOCK_KEY = 0x636B7074  # "ckpt"
 
 
 def _sqlite_pragmas(dbapi_conn, _record) -> None:
@@ -48,7 +50,8 @@ def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
 def migrate(engine: Engine) -> None:
     """Upgrade the database behind ``engine`` to the newest Alembic revision.
 
-    Idempotent; the same migrations serve SQLite and PostgreSQL.
+    Idempotent; the same migrations serve SQLite and PostgreSQL. On PostgreSQL a
+    transaction-scoped advisory lock serialises workers on many hosts that start at once.
     """
     from alembic import command
     from alembic.config import Config
@@ -56,5 +59,7 @@ def migrate(engine: Engine) -> None:
     cfg = Config()
     cfg.set_main_option("script_location", str(_MIGRATIONS))
     with engine.begin() as conn:
+        if conn.dialect.name == "postgresql":
+            conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _MIGRATION_LOCK_KEY})
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, "head")

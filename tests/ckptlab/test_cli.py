@@ -109,3 +109,9 @@ def test_missing_or_malformed_file_exits_2(cli, tmp_path, data_dir, content):
     assert result.exit_code == 2
     assert len(result.stderr.strip().splitlines()) == 1
     assert stored_count(data_dir) == 0
+
+
+def test_worker_rejects_an_unknown_device_in_one_line(cli):
+    result = cli("worker", "--devices", "tpu:0", "--once")
+    assert result.exit_code == 2
+    assert result.stderr.strip() == "error: unknown device 'tpu:0'; expected cpu, cuda or cuda:N"

@@ -1,3 +1,5 @@
+import pytest
+
 from ckptlab.db.store import create_experiment, get_experiment, list_steps
 from tests.factories import make_spec
 from worker.service import run_worker
@@ -40,3 +42,42 @@ def _die(*_args):
     import os
 
     os._exit(7)
+
+
+def test_slots_one_per_device_and_cpu_slots_for_cpu():
+    from worker.service import slot_devices
+
+    assert slot_devices(["cuda:0", "cuda:1"]) == ["cuda:0", "cuda:1"]
+    assert slot_devices(["cpu"], cpu_slots=3) == ["cpu", "cpu", "cpu"]
+    assert slot_devices(["cuda:0", "cpu", "cuda:0"], cpu_slots=2) == ["cuda:0", "cpu", "cpu"]
+    for bad in (["tpu"], ["cpu:1"], ["cuda:x"], []):
+        with pytest.raises(ValueError):
+            slot_devices(bad)
+    with pytest.raises(ValueError, match="cpu_slots"):
+        slot_devices(["cpu"], cpu_slots=0)
+
+
+def test_default_devices_follow_cuda_visible_devices(monkeypatch):
+    from worker.service import detect_devices
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    assert detect_devices() == ["cuda:0", "cuda:1"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert detect_devices() == ["cpu"]
+
+
+@pytest.mark.parametrize(
+    ("spec_device", "slot", "expected"),
+    [
+        ("auto", "cuda:1", "cuda:1"),
+        ("cuda", "cuda:1", "cuda:1"),
+        ("cpu", "cuda:1", None),  # the spec's cpu
+        ("auto", "cpu", "cpu"),
+        ("cpu", "cpu", None),
+        ("cuda", "cpu", None),  # left to the engine, which fails it without CUDA
+    ],
+)
+def test_the_engine_gets_the_slot_device_where_the_spec_allows(spec_device, slot, expected):
+    from worker.service import engine_device
+
+    assert engine_device(spec_device, slot) == expected

@@ -1,25 +1,10 @@
 import math
-import threading
 
 from sqlalchemy import func, select
 
-from ckptlab.db.engine import make_engine, make_sessionmaker
 from ckptlab.db.models import Experiment, Step
 from ckptlab.db.store import add_steps, claim_next, create_experiment, finish_experiment, list_steps
-from tests.factories import make_spec
-
-
-def _record(step, loss=1.0):
-    return {
-        "step": step,
-        "forward_ms": 1.0,
-        "backward_ms": 2.0,
-        "optimizer_ms": 0.5,
-        "step_ms": 3.5,
-        "allocated_bytes": 100,
-        "peak_allocated_bytes": 200,
-        "loss": loss,
-    }
+from tests.factories import make_spec, step_record
 
 
 def test_claim_takes_oldest_queued_once(db_session):
@@ -32,37 +17,13 @@ def test_claim_takes_oldest_queued_once(db_session):
     assert claim_next(db_session, worker_id="w3") is None
 
 
-def test_concurrent_claims_never_share_an_experiment(database_url):
-    engine = make_engine(database_url)
-    Session = make_sessionmaker(engine)
-    with Session() as s:
-        for _ in range(40):
-            create_experiment(s, spec=make_spec())
-    claimed: list[int] = []
-    lock = threading.Lock()
-
-    def claimer(wid):
-        with Session() as s:
-            while (exp := claim_next(s, worker_id=wid)) is not None:
-                with lock:
-                    claimed.append(exp.id)
-
-    threads = [threading.Thread(target=claimer, args=(f"w{i}",)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert sorted(claimed) == list(range(1, 41))
-    engine.dispose()
-
-
 def test_non_finite_loss_is_explicit(db_session):
     exp = create_experiment(db_session, spec=make_spec(), status="running")
     add_steps(
         db_session,
         experiment_id=exp.id,
         attempt=1,
-        records=[_record(1, math.nan), _record(2, math.inf), _record(3, -math.inf), _record(4, 0.25)],
+        records=[step_record(1, math.nan), step_record(2, math.inf), step_record(3, -math.inf), step_record(4, 0.25)],
     )
     rows = list_steps(db_session, experiment_id=exp.id)
     assert [(r.loss, r.loss_nonfinite) for r in rows] == [(None, "nan"), (None, "inf"), (None, "-inf"), (0.25, None)]
@@ -70,10 +31,10 @@ def test_non_finite_loss_is_explicit(db_session):
 
 def test_steps_of_other_attempts_are_not_mixed_in(db_session):
     exp = create_experiment(db_session, spec=make_spec(), status="running")
-    add_steps(db_session, experiment_id=exp.id, attempt=1, records=[_record(1), _record(2)])
+    add_steps(db_session, experiment_id=exp.id, attempt=1, records=[step_record(1), step_record(2)])
     exp.attempt = 2
     db_session.commit()
-    add_steps(db_session, experiment_id=exp.id, attempt=2, records=[_record(1)])
+    add_steps(db_session, experiment_id=exp.id, attempt=2, records=[step_record(1)])
     assert len(list_steps(db_session, experiment_id=exp.id)) == 1
     assert len(list_steps(db_session, experiment_id=exp.id, attempt=1)) == 2
     assert db_session.scalar(select(func.count()).select_from(Step)) == 3

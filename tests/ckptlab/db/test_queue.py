@@ -1,0 +1,252 @@
+"""The queue protocol of :mod:`ckptlab.db.store` on SQLite and on PostgreSQL: claims, leases
+and the reaper, attempts, cancels, the batch step writer, and the migrations themselves."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from sqlalchemy import update
+from sqlalchemy.exc import OperationalError
+
+from ckptlab.db import store
+from ckptlab.db.engine import make_engine, make_sessionmaker
+from ckptlab.db.models import Base, Experiment, Sweep, Worker, utcnow
+from ckptlab.db.writer import StepWriter
+from tests.factories import make_spec, step_record
+from tests.support import wait_for
+
+
+def _age(session, *, experiment_id=None, worker_id=None, seconds):
+    """Move an experiment's claim or a worker's heartbeat ``seconds`` into the past."""
+    past = utcnow() - timedelta(seconds=seconds)
+    if experiment_id is not None:
+        session.execute(update(Experiment).where(Experiment.id == experiment_id).values(started_at=past))
+    if worker_id is not None:
+        session.execute(update(Worker).where(Worker.id == worker_id).values(heartbeat_at=past))
+    session.commit()
+
+
+def _claimed(session, worker_id="w1", **spec):
+    exp = store.create_experiment(session, spec=make_spec(**spec))
+    store.register_worker(session, worker_id=worker_id, host="h", pid=1, devices=["cpu"])
+    claimed = store.claim_next(session, worker_id=worker_id)
+    assert claimed.id == exp.id
+    return claimed
+
+
+def test_migrations_create_exactly_the_models_schema(any_database_url):
+    engine = make_engine(any_database_url)
+    with engine.connect() as conn:
+        assert compare_metadata(MigrationContext.configure(conn), Base.metadata) == []
+    engine.dispose()
+
+
+def test_concurrent_claims_never_share_an_experiment(any_database_url):
+    engine = make_engine(any_database_url)
+    Session = make_sessionmaker(engine)
+    with Session() as s:
+        ids = [store.create_experiment(s, spec=make_spec()).id for _ in range(60)]
+    claimed: list[int] = []
+    lock = threading.Lock()
+
+    def claimer(wid):
+        with Session() as s:
+            while (exp := store.claim_next(s, worker_id=wid)) is not None:
+                with lock:
+                    claimed.append(exp.id)
+
+    threads = [threading.Thread(target=claimer, args=(f"w{i}",)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(claimed) == ids
+    engine.dispose()
+
+
+def test_reaper_requeues_only_experiments_of_silent_workers(any_session):
+    s = any_session
+    lost = _claimed(s, "silent")
+    alive = _claimed(s, "alive")
+    stopped = _claimed(s, "stopped")
+    store.stop_worker(s, worker_id="stopped")
+    fresh = _claimed(s, "silent-but-just-claimed")
+    for exp in (lost, alive, stopped):
+        _age(s, experiment_id=exp.id, seconds=60)
+    _age(s, worker_id="silent", seconds=60)
+    _age(s, worker_id="silent-but-just-claimed", seconds=60)
+
+    assert store.reap_lost(s, lease_s=30, max_attempts=3) == 2
+    s.expire_all()
+    rows = {e.id: s.get(Experiment, e.id) for e in (lost, alive, stopped, fresh)}
+    assert (rows[lost.id].status, rows[lost.id].attempt, rows[lost.id].worker_id) == ("queued", 1, None)
+    assert rows[stopped.id].status == "queued"
+    assert rows[alive.id].status == "running"  # its worker heartbeats
+    assert rows[fresh.id].status == "running"  # claimed less than a lease ago
+    assert store.reap_lost(s, lease_s=30, max_attempts=3) == 0
+
+    again = store.claim_next(s, worker_id="alive")
+    assert (again.id, again.attempt) == (lost.id, 2)  # the next claim raises the attempt
+
+
+def test_reaper_fails_after_max_attempts_and_honours_cancel_requests(any_session):
+    s = any_session
+    worn = _claimed(s, "gone")
+    s.execute(update(Experiment).where(Experiment.id == worn.id).values(attempt=3))
+    flagged = _claimed(s, "gone")
+    store.request_cancel(s, experiment_id=flagged.id)
+    for exp in (worn, flagged):
+        _age(s, experiment_id=exp.id, seconds=60)
+    _age(s, worker_id="gone", seconds=60)
+
+    assert store.reap_lost(s, lease_s=30, max_attempts=3) == 2
+    s.expire_all()
+    worn_row, flagged_row = s.get(Experiment, worn.id), s.get(Experiment, flagged.id)
+    assert (worn_row.status, worn_row.error) == ("failed", store.WORKER_LOST)
+    assert worn_row.finished_at is not None
+    assert flagged_row.status == "cancelled"
+    assert [a.lost for a in store.list_attempts(s, experiment_id=worn.id)] == [True, True, True]
+
+
+def test_reaper_takes_experiments_of_unregistered_processes_after_a_lease(any_session):
+    s = any_session
+    exp = store.create_experiment(s, spec=make_spec(), status="running", worker_id="never-registered")
+    assert store.reap_lost(s, lease_s=30, max_attempts=3) == 0
+    _age(s, experiment_id=exp.id, seconds=60)
+    assert store.reap_lost(s, lease_s=30, max_attempts=3) == 1
+
+
+def test_outcomes_only_land_on_the_attempt_that_is_running(any_session):
+    s = any_session
+    exp = _claimed(s)
+    assert store.requeue_experiment(s, experiment_id=exp.id, attempt=1)
+    assert not store.finish_experiment(s, experiment_id=exp.id, attempt=1, status="succeeded")
+    second = store.claim_next(s, worker_id="w2")
+    assert second.attempt == 2
+    # the worker of attempt 1 comes back late: it changes nothing
+    assert not store.finish_experiment(s, experiment_id=exp.id, attempt=1, status="failed", error="late")
+    assert not store.requeue_experiment(s, experiment_id=exp.id, attempt=1)
+    assert store.finish_experiment(
+        s, experiment_id=exp.id, attempt=2, status="oom", summary={"oom": {"phase": "forward"}}, warnings=["w"]
+    )
+    row = s.get(Experiment, exp.id, populate_existing=True)
+    assert (row.status, row.summary, row.warnings, row.error) == ("oom", {"oom": {"phase": "forward"}}, ["w"], None)
+    with pytest.raises(ValueError, match="not a finished status"):
+        store.finish_experiment(s, experiment_id=exp.id, status="running")
+
+
+def test_attempts_keep_and_mark_the_steps_of_lost_attempts(any_session):
+    s = any_session
+    exp = _claimed(s)
+    store.add_steps(s, experiment_id=exp.id, attempt=1, records=[step_record(i) for i in (1, 2, 3)])
+    store.requeue_experiment(s, experiment_id=exp.id, attempt=1)
+    assert store.list_attempts(s, experiment_id=exp.id) == [store.Attempt(1, 3, lost=True, current=True)]
+    store.claim_next(s, worker_id="w2")
+    store.add_steps(s, experiment_id=exp.id, attempt=2, records=[step_record(1)])
+    assert store.list_attempts(s, experiment_id=exp.id) == [
+        store.Attempt(1, 3, lost=True, current=False),
+        store.Attempt(2, 1, lost=False, current=True),
+    ]
+    assert [r.step for r in store.list_steps(s, experiment_id=exp.id)] == [1]
+    assert [r.step for r in store.list_steps(s, experiment_id=exp.id, attempt=1)] == [1, 2, 3]
+    assert store.list_attempts(s, experiment_id=10_000) == []
+
+
+def test_cancel_queued_at_once_running_by_flag_finished_refused(any_session):
+    s = any_session
+    running = _claimed(s)
+    done = _claimed(s)
+    store.finish_experiment(s, experiment_id=done.id, status="succeeded")
+    queued = store.create_experiment(s, spec=make_spec())
+
+    row = store.request_cancel(s, experiment_id=queued.id)
+    assert (row.status, row.finished_at is not None) == ("cancelled", True)
+    row = store.request_cancel(s, experiment_id=running.id)
+    assert (row.status, row.cancel_requested) == ("running", True)
+    assert store.request_cancel(s, experiment_id=running.id).cancel_requested  # asking twice is fine
+    with pytest.raises(store.ExperimentFinishedError):
+        store.request_cancel(s, experiment_id=done.id)
+    with pytest.raises(store.ExperimentFinishedError):
+        store.request_cancel(s, experiment_id=queued.id)
+    assert store.request_cancel(s, experiment_id=10_000) is None
+    assert store.claim_next(s, worker_id="w3") is None  # the cancelled one is never claimed
+
+
+def test_cancel_sweep_cancels_every_unfinished_experiment(any_session):
+    s = any_session
+    sweep = Sweep(name="sw", base={}, axes={})
+    s.add(sweep)
+    s.commit()
+    exps = [store.create_experiment(s, spec=make_spec()) for _ in range(3)]
+    other = store.create_experiment(s, spec=make_spec())
+    for e in exps:
+        s.execute(update(Experiment).where(Experiment.id == e.id).values(sweep_id=sweep.id))
+    s.commit()
+    running = store.claim_next(s, worker_id="w1")
+    store.finish_experiment(s, experiment_id=store.claim_next(s, worker_id="w1").id, status="succeeded")
+
+    assert store.cancel_sweep(s, sweep_id=sweep.id) == 2  # one queued, one running
+    s.expire_all()
+    assert [s.get(Experiment, e.id).status for e in exps] == ["running", "succeeded", "cancelled"]
+    assert s.get(Experiment, running.id).cancel_requested
+    assert s.get(Experiment, other.id).status == "queued"
+    assert s.get(Sweep, sweep.id).cancelled
+    assert store.cancel_sweep(s, sweep_id=10_000) is None
+
+
+def test_step_writer_commits_promptly_in_batches(any_database_url):
+    engine = make_engine(any_database_url)
+    Session = make_sessionmaker(engine)
+    with Session() as s:
+        exp = _claimed(s)
+    writer = StepWriter(Session, experiment_id=exp.id, attempt=1, flush_interval_s=0.2).start()
+    t0 = time.monotonic()
+    writer.put(step_record(1))
+    with Session() as s:
+        wait_for(lambda: store.list_steps(s, experiment_id=exp.id), timeout=5, interval=0.02)
+    assert time.monotonic() - t0 < 1.0  # the live view sees a step well under a second later
+    for i in range(2, 1001):
+        writer.put(step_record(i))
+    assert writer.close() == 1000
+    with Session() as s:
+        assert [r.step for r in store.list_steps(s, experiment_id=exp.id)] == list(range(1, 1001))
+    engine.dispose()
+
+
+def test_step_writer_retries_a_failing_database_without_losing_steps(any_database_url, monkeypatch):
+    engine = make_engine(any_database_url)
+    Session = make_sessionmaker(engine)
+    with Session() as s:
+        exp = _claimed(s)
+    real_add_steps = store.add_steps
+    failures = {"left": 4}
+
+    def flaky_add_steps(session, **kwargs):
+        if failures["left"]:
+            failures["left"] -= 1
+            raise OperationalError("INSERT", {}, Exception("database is locked"))
+        return real_add_steps(session, **kwargs)
+
+    monkeypatch.setattr("ckptlab.db.writer.add_steps", flaky_add_steps)
+    writer = StepWriter(Session, experiment_id=exp.id, attempt=1, flush_interval_s=0.05).start()
+    for i in range(1, 301):
+        writer.put(step_record(i))
+    assert writer.close(timeout_s=30) == 300
+    assert failures["left"] == 0
+    with Session() as s:
+        assert len(store.list_steps(s, experiment_id=exp.id)) == 300
+    engine.dispose()
+
+
+def test_add_steps_can_skip_rows_already_stored(any_session):
+    exp = _claimed(any_session)
+    store.add_steps(any_session, experiment_id=exp.id, attempt=1, records=[step_record(1)])
+    store.add_steps(
+        any_session, experiment_id=exp.id, attempt=1, records=[step_record(1), step_record(2)], skip_existing=True
+    )
+    assert [r.step for r in store.list_steps(any_session, experiment_id=exp.id)] == [1, 2]
