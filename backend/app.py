@@ -2,20 +2,30 @@
 
 from __future__ import annotations
 
+import math
+import threading
 from contextlib import asynccontextmanager
 from importlib import resources
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from typing import Any
 
-from fastapi import APIRouter, FastAPI
-from fastapi.responses import FileResponse
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from sqlalchemy import text
+from sqlalchemy.exc import DataError, IntegrityError
 
-from backend.api import experiments
-from backend.deps import SessionDep
+from backend.api import experiments, sweeps
+from backend.deps import WRITE_METHODS, SessionDep, require_write_token
+from backend.middleware import BodySizeLimit
 from backend.schemas import Health
 from ckptlab.db.engine import make_engine, make_sessionmaker, migrate
+from ckptlab.db.queries import SeriesCache, start_series_warmer
+from ckptlab.db.reaper import start_reaper_thread
 from ckptlab.settings import Settings, get_settings
 
 __all__ = ["create_app", "FRONTEND_DIR", "PLOTLY_JS"]
@@ -31,10 +41,70 @@ def _version() -> str:
         return "0+unknown"
 
 
+_DESCRIPTION = """
+Submit activation-checkpointing experiments and sweeps, follow them live (Server-Sent
+Events), and read their per-step series, charts and exports.
+
+- Inputs are validated: 422 names the field (``loc``); unknown fields are rejected; bodies
+  over the server's ``max_request_bytes`` get 413; unknown ids get 404.
+- When the server sets ``CKPTLAB_API_TOKEN``, writes (POST, PUT, PATCH, DELETE) need
+  ``Authorization: Bearer <token>``; reads stay open.
+- Times are in ms, memory in bytes, timestamps in UTC.
+"""
+
+
+def _data_error(request: Request, exc: Exception) -> JSONResponse:
+    """The database refused a value (out of range, wrong type): the input's fault, not a 500."""
+    return JSONResponse({"detail": f"the database refused a value: {type(exc).__name__}"}, status_code=422)
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    """FastAPI's 422 (``{"detail": [{"loc", "msg", "type", "input"}]}``), safe for inputs that
+    JSON cannot hold (a NaN the body parser let through is echoed as the string "nan")."""
+    return JSONResponse({"detail": _json_safe(jsonable_encoder(exc.errors()))}, status_code=422)
+
+
+def _integrity_error(request: Request, exc: Exception) -> JSONResponse:
+    """A constraint was violated (duplicate or dangling reference): a conflict, not a 500."""
+    return JSONResponse({"detail": "the request conflicts with stored data (a database constraint)"}, status_code=409)
+
+
+def _openapi_reads_need_no_token(app: FastAPI) -> None:
+    """Show the bearer requirement on write operations only (reads stay open)."""
+    default = app.openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            schema = default()
+            for ops in schema.get("paths", {}).values():
+                for method, op in ops.items():
+                    if method.upper() not in WRITE_METHODS and isinstance(op, dict):
+                        op.pop("security", None)
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the app for ``settings`` (default: from the environment).
 
-    The database is migrated to the newest revision at start-up.
+    The database is migrated to the newest revision at start-up. With ``api_token`` set,
+    writes need ``Authorization: Bearer <token>``; with ``cors_origins`` set, CORS is on for
+    those origins (it is off by default); bodies over ``max_request_bytes`` get 413.
+
+    Args:
+        settings: the settings to serve with. Default: :func:`ckptlab.settings.get_settings`.
     """
     settings = settings or get_settings()
 
@@ -44,17 +114,38 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         migrate(engine)
         app.state.engine = engine
         app.state.sessionmaker = make_sessionmaker(engine)
+        app.state.series_cache = SeriesCache(settings.series_cache_bytes)
+        warmer_stop = threading.Event()  # keeps the series of running experiments in memory
+        warmer = None
+        if settings.series_warm_interval_s > 0:
+            warmer = start_series_warmer(
+                app.state.sessionmaker,
+                app.state.series_cache,
+                interval_s=settings.series_warm_interval_s,
+                stop=warmer_stop,
+            )
+        reaper_stop = threading.Event()  # requeues experiments of lost workers
+        reaper = start_reaper_thread(app.state.sessionmaker, settings, reaper_stop)
         yield
+        warmer_stop.set()
+        reaper_stop.set()
+        reaper.join(5)
+        if warmer is not None:
+            warmer.join(5)
         engine.dispose()
 
     app = FastAPI(
         title="ckptlab",
         version=_version(),
         summary="Activation-checkpointing experiments: memory against recomputation time.",
+        description=_DESCRIPTION,
         lifespan=lifespan,
     )
-    api = APIRouter(prefix="/api")
+    app.state.settings = settings
+    auth = [Depends(require_write_token)] if settings.api_token is not None else []
+    api = APIRouter(prefix="/api", dependencies=auth)
     api.include_router(experiments.router)
+    api.include_router(sweeps.router)
 
     @api.get("/health", response_model=Health, tags=["meta"], summary="Liveness and database check")
     def health(session: SessionDep) -> Health:
@@ -72,4 +163,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return FileResponse(FRONTEND_DIR / "index.html")
 
     app.mount("/static", StaticFiles(directory=FRONTEND_DIR), name="static")
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(DataError, _data_error)
+    app.add_exception_handler(IntegrityError, _integrity_error)
+    if settings.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.cors_origins,
+            allow_methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
+            allow_headers=["Authorization", "Content-Type", "Last-Event-ID"],
+        )
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)
+    _openapi_reads_need_no_token(app)
     return app

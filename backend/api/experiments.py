@@ -1,20 +1,73 @@
-"""Routes for experiments: thin wrappers over :mod:`ckptlab.db.store`."""
+"""Routes for experiments: thin wrappers over :mod:`ckptlab.db.store` and
+:mod:`ckptlab.db.queries`."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from pathlib import Path
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, HTTPException, Query, status
+from fastapi import APIRouter, Depends, HTTPException, Query, Request, status
+from fastapi.responses import FileResponse
+from fastapi.exceptions import RequestValidationError
+from sse_starlette import EventSourceResponse
 
-from backend.deps import SessionDep
-from backend.schemas import ExperimentCreate, ExperimentPublic, ExperimentsPublic, StepsPublic
-from ckptlab.db import store
+from backend.deps import MAX_ID, ExperimentId, SeriesCacheDep, SessionDep, SettingsDep
+from backend.schemas import (
+    ExperimentCreate,
+    ExperimentPublic,
+    ExperimentsPublic,
+    Format,
+    Message,
+    Metric,
+    SeriesPoint,
+    SeriesPublic,
+    Status,
+    StepsPublic,
+)
+from backend.services import exports, streams
+from backend.services.responses import CSV_RESPONSE, SSE_RESPONSE, WRITE_RESPONSES
+from ckptlab.db import queries, store
 from ckptlab.db.models import Experiment
-from ckptlab.spec import ExperimentSpec
+from ckptlab.limits import limit_errors
+from ckptlab.spec import MODEL_KINDS, STRATEGIES, ExperimentSpec
 
 router = APIRouter(prefix="/experiments", tags=["experiments"])
 
-NOT_FOUND = {404: {"description": "No experiment with this id"}}
+NOT_FOUND = {404: {"model": Message, "description": "No experiment with this id"}}
+
+
+def experiment_filters(
+    status_: Annotated[Status | None, Query(alias="status", description="only this status")] = None,
+    sweep_id: Annotated[int | None, Query(ge=1, le=MAX_ID, description="only this sweep's")] = None,
+    model_kind: Annotated[Literal[MODEL_KINDS] | None, Query(description="only this model kind")] = None,  # type: ignore[valid-type]
+    strategy: Annotated[Literal[STRATEGIES] | None, Query(description="only this checkpoint strategy")] = None,  # type: ignore[valid-type]
+    ids: Annotated[
+        str | None,
+        Query(
+            pattern=r"^\d{1,18}(,\d{1,18})*$",
+            max_length=20_000,
+            description="only these ids, comma-separated (for comparison); in this order unless sort is given",
+            examples=["1,2,3"],
+        ),
+    ] = None,
+    sort: Annotated[
+        Literal[queries.SORT_KEYS] | None,  # type: ignore[valid-type]
+        Query(description="column to sort by; '-' prefix for descending (default: -id)", examples=["-created_at"]),
+    ] = None,
+) -> dict[str, Any]:
+    """The listing filters of a request, as keyword arguments of
+    :func:`ckptlab.db.queries.query_experiments`."""
+    return {
+        "status": status_,
+        "sweep_id": sweep_id,
+        "model_kind": model_kind,
+        "strategy": strategy,
+        "ids": [int(i) for i in ids.split(",")] if ids else None,
+        "sort": sort,
+    }
+
+
+FiltersDep = Annotated[dict[str, Any], Depends(experiment_filters)]
 
 
 def _get_or_404(session, experiment_id: int) -> Experiment:
@@ -24,33 +77,189 @@ def _get_or_404(session, experiment_id: int) -> Experiment:
     return exp
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, response_model=ExperimentPublic, summary="Submit an experiment")
-def create_experiment(session: SessionDep, body: ExperimentCreate) -> Experiment:
-    """Queue an experiment; a worker claims it. Invalid specs get 422 naming the field."""
+@router.post(
+    "",
+    status_code=status.HTTP_201_CREATED,
+    response_model=ExperimentPublic,
+    responses=WRITE_RESPONSES,
+    summary="Submit an experiment",
+)
+def create_experiment(session: SessionDep, settings: SettingsDep, body: ExperimentCreate) -> Experiment:
+    """Queue an experiment; a worker claims it. Invalid specs, and specs over this server's
+    limits (steps, batch size, parameter count), get 422 naming the field."""
     spec = ExperimentSpec.model_validate(body.model_dump())
+    errors = limit_errors(spec, settings)
+    if errors:
+        raise RequestValidationError(errors)
     return store.create_experiment(session, spec=spec)
 
 
-@router.get("", response_model=ExperimentsPublic, summary="List experiments, newest first")
+@router.get("", response_model=ExperimentsPublic, summary="List, filter, sort and page experiments")
 def list_experiments(
     session: SessionDep,
-    status_: Annotated[Literal["queued", "running", "succeeded", "failed"] | None, Query(alias="status")] = None,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    filters: FiltersDep,
+    offset: Annotated[int, Query(ge=0, le=2**31)] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> ExperimentsPublic:
-    rows, count = store.list_experiments(session, status=status_, offset=offset, limit=limit)
+    """A page of experiments matching every filter given; ``count`` is the total match."""
+    rows, count = queries.query_experiments(session, **filters, offset=offset, limit=limit)
+    return ExperimentsPublic(data=[ExperimentPublic.model_validate(r) for r in rows], count=count)
+
+
+@router.get(
+    "/export",
+    response_model=ExperimentsPublic,
+    responses=CSV_RESPONSE,
+    summary="Export experiments as CSV or JSON",
+)
+def export_experiments(
+    session: SessionDep,
+    filters: FiltersDep,
+    format: Annotated[Format, Query(description="csv: one row per experiment, spec and summary flattened")] = "json",
+):
+    """Every experiment matching the filters (same filters as the listing, no paging). CSV
+    columns: id, status, sweep_id, model_kind, strategy, attempt, times, worker_id, error,
+    then ``spec.*`` and ``summary.*`` flattened with dotted names."""
+    rows, count = queries.query_experiments(session, **filters, limit=None)
+    if format == "csv":
+        return exports.csv_response([exports.experiment_record(r) for r in rows], filename="experiments.csv")
     return ExperimentsPublic(data=[ExperimentPublic.model_validate(r) for r in rows], count=count)
 
 
 @router.get("/{experiment_id}", response_model=ExperimentPublic, responses=NOT_FOUND, summary="One experiment")
-def get_experiment(session: SessionDep, experiment_id: int) -> Experiment:
+def get_experiment(session: SessionDep, experiment_id: ExperimentId) -> Experiment:
+    """The experiment with its spec, status, summary and error."""
     return _get_or_404(session, experiment_id)
 
 
 @router.get(
-    "/{experiment_id}/steps", response_model=StepsPublic, responses=NOT_FOUND, summary="Per-step time and memory"
+    "/{experiment_id}/steps",
+    response_model=StepsPublic,
+    responses={**NOT_FOUND, **CSV_RESPONSE},
+    summary="Per-step time and memory (JSON or CSV)",
 )
-def list_steps(session: SessionDep, experiment_id: int) -> StepsPublic:
+def list_steps(
+    request: Request,
+    session: SessionDep,
+    experiment_id: ExperimentId,
+    format: Annotated[Format, Query(description="csv streams one row per step")] = "json",
+):
+    """The steps of the experiment's current attempt, by step: times in ms, memory in bytes."""
     exp = _get_or_404(session, experiment_id)
+    if format == "csv":
+        sessions = request.app.state.sessionmaker
+
+        def rows():
+            with sessions() as s:  # its own session: the response outlives the request's
+                yield from exports.step_csv_rows(queries.iter_step_rows(s, experiment_id=exp.id, attempt=exp.attempt))
+
+        return exports.csv_response(
+            rows(), filename=f"experiment-{exp.id}-steps.csv", columns=exports.STEP_EXPORT_COLUMNS
+        )
     rows = store.list_steps(session, experiment_id=exp.id, attempt=exp.attempt)
     return StepsPublic.model_validate({"data": rows, "count": len(rows)}, from_attributes=True)
+
+
+@router.get(
+    "/{experiment_id}/series",
+    response_model=SeriesPublic,
+    responses=NOT_FOUND,
+    summary="One per-step metric, downsampled for charts",
+)
+def get_series(
+    session: SessionDep,
+    settings: SettingsDep,
+    cache: SeriesCacheDep,
+    experiment_id: ExperimentId,
+    metric: Annotated[Metric, Query(description="a per-step column (ms, bytes, or loss)")] = "step_ms",
+    max_points: Annotated[
+        int, Query(ge=10, description="most points to return (at most the server's series_max_points)")
+    ] = 2000,
+) -> SeriesPublic:
+    """At most ``max_points`` points of ``metric`` over the current attempt, picked by
+    MinMaxLTTB so that spikes survive; the global minimum and maximum are always among them.
+    Steps without a finite value (a non-finite loss, reserved bytes on CPU) are skipped."""
+    if max_points > settings.series_max_points:
+        raise RequestValidationError(
+            [
+                {
+                    "type": "less_than_equal",
+                    "loc": ["query", "max_points"],
+                    "msg": f"max_points must be at most {settings.series_max_points}",
+                    "input": max_points,
+                }
+            ]
+        )
+    exp = _get_or_404(session, experiment_id)
+    series = cache.get(session, experiment_id=exp.id, attempt=exp.attempt, metric=metric)
+    view = queries.downsample_series(series, max_points=max_points)
+    return SeriesPublic(
+        experiment_id=exp.id,
+        attempt=exp.attempt,
+        metric=metric,
+        total=view.total,
+        skipped=view.skipped,
+        downsampled=len(view.x) < view.total,
+        x=view.x,
+        y=view.y,
+        min=SeriesPoint(step=view.min[0], value=view.min[1]) if view.min else None,
+        max=SeriesPoint(step=view.max[0], value=view.max[1]) if view.max else None,
+    )
+
+
+@router.get(
+    "/{experiment_id}/events",
+    response_class=EventSourceResponse,
+    responses={**NOT_FOUND, **SSE_RESPONSE},
+    summary="Live steps and status changes (Server-Sent Events)",
+)
+def experiment_events(session: SessionDep, experiment_id: ExperimentId, stream: streams.StreamDep):
+    """``text/event-stream`` of ``step``, ``status`` and a final ``end`` event (then the
+    stream closes). Event ids are cursors: reconnect with ``Last-Event-ID`` to resume."""
+    exp = _get_or_404(session, experiment_id)
+    return streams.event_stream(stream, experiment_ids=lambda _s: [exp.id])
+
+
+@router.get(
+    "/{experiment_id}/snapshot",
+    response_class=FileResponse,
+    responses={
+        **NOT_FOUND,
+        200: {
+            "content": {"application/octet-stream": {"example": "<pickle bytes>"}},
+            "description": "the snapshot pickle",
+        },
+    },
+    summary="Download the CUDA memory snapshot",
+)
+def download_snapshot(session: SessionDep, experiment_id: ExperimentId) -> FileResponse:
+    """The ``torch.cuda.memory._dump_snapshot`` pickle recorded for an experiment run with
+    ``memory_snapshot: true`` on CUDA; open it at pytorch.org/memory_viz. 404 when none."""
+    exp = _get_or_404(session, experiment_id)
+    if not exp.snapshot_path or not Path(exp.snapshot_path).is_file():
+        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"experiment {experiment_id} has no memory snapshot")
+    return FileResponse(
+        exp.snapshot_path, media_type="application/octet-stream", filename=f"ckptlab-{experiment_id}-snapshot.pickle"
+    )
+
+
+@router.post(
+    "/{experiment_id}/cancel",
+    response_model=ExperimentPublic,
+    responses={
+        **NOT_FOUND,
+        **WRITE_RESPONSES,
+        409: {"model": Message, "description": "The experiment has already finished"},
+    },
+    summary="Cancel an experiment",
+)
+def cancel_experiment(session: SessionDep, experiment_id: ExperimentId) -> Experiment:
+    """A queued experiment is ``cancelled`` at once; a running one is stopped by its worker
+    within about a second (``cancel_requested`` is set until then)."""
+    try:
+        exp = store.request_cancel(session, experiment_id=experiment_id)
+    except store.ExperimentFinishedError as exc:
+        raise HTTPException(status.HTTP_409_CONFLICT, detail=str(exc)) from None
+    if exp is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"experiment {experiment_id} not found")
+    return exp

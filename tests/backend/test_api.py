@@ -96,3 +96,41 @@ def test_worker_completes_submitted_experiment(client, worker_process):
     assert listing["count"] == 2
     assert [e["id"] for e in listing["data"]] == sorted(ids, reverse=True)
     assert {e["status"] for e in client.get("/api/experiments?status=succeeded").json()["data"]} == {"succeeded"}
+
+
+def test_memory_snapshot_download(client, db_session, tmp_path):
+    from ckptlab.db.store import create_experiment
+
+    exp = create_experiment(db_session, spec=make_spec())
+    assert client.get(f"/api/experiments/{exp.id}").json()["has_snapshot"] is False
+    assert client.get(f"/api/experiments/{exp.id}/snapshot").status_code == 404
+    snap = tmp_path / "snap.pickle"
+    snap.write_bytes(b"\x80\x04snapshot")
+    exp.snapshot_path = str(snap)
+    db_session.commit()
+    body = client.get(f"/api/experiments/{exp.id}").json()
+    assert body["has_snapshot"] is True and "snapshot_path" not in body
+    r = client.get(f"/api/experiments/{exp.id}/snapshot")
+    assert r.status_code == 200 and r.content == b"\x80\x04snapshot"
+    assert "attachment" in r.headers["content-disposition"]
+
+
+def test_steps_expose_memory_categories(client, db_session):
+    from ckptlab.db.store import add_steps, create_experiment
+
+    exp = create_experiment(db_session, spec=make_spec(), status="running")
+    extra = {"memory_at_peak": {"parameters": 10, "gradients": 10, "optimizer_state": 20, "activations": 5, "other": 1}}
+    rec = {
+        "step": 1,
+        "forward_ms": 1.0,
+        "backward_ms": 1.0,
+        "optimizer_ms": 1.0,
+        "step_ms": 3.0,
+        "allocated_bytes": 40,
+        "peak_allocated_bytes": 46,
+        "loss": 1.0,
+        "extra": extra,
+    }
+    add_steps(db_session, experiment_id=exp.id, attempt=1, records=[rec])
+    step = client.get(f"/api/experiments/{exp.id}/steps").json()["data"][0]
+    assert step["extra"]["memory_at_peak"]["optimizer_state"] == 20

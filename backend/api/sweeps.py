@@ -1,0 +1,204 @@
+"""Routes for sweeps: thin wrappers over :mod:`ckptlab.db.sweeps` and the chart, export and
+stream services."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, HTTPException, Query, status
+from fastapi.exceptions import RequestValidationError
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+from sse_starlette import EventSourceResponse
+
+from backend.deps import SessionDep, SettingsDep, SweepId
+from backend.schemas import (
+    ChartName,
+    ChartPublic,
+    Format,
+    Message,
+    ProgressPublic,
+    SweepCreate,
+    SweepExperimentPublic,
+    SweepPublic,
+    SweepResultPublic,
+    SweepResultsPublic,
+    SweepsPublic,
+    SweepSummaryPublic,
+)
+from backend.services import charts, exports, streams
+from backend.services.responses import CSV_RESPONSE, SSE_RESPONSE, WRITE_RESPONSES
+from ckptlab.db import store
+from ckptlab.db import sweeps as sweeps_db
+from ckptlab.db.models import Experiment, Sweep
+
+router = APIRouter(prefix="/sweeps", tags=["sweeps"])
+
+NOT_FOUND = {404: {"model": Message, "description": "No sweep with this id"}}
+
+
+def _get_or_404(session: Session, sweep_id: int) -> Sweep:
+    sweep = sweeps_db.get_sweep(session, sweep_id=sweep_id)
+    if sweep is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"sweep {sweep_id} not found")
+    return sweep
+
+
+def _progress(p: sweeps_db.Progress) -> ProgressPublic:
+    return ProgressPublic(total=p.total, finished=p.finished, counts=p.counts)
+
+
+def _public(session: Session, sweep: Sweep) -> SweepPublic:
+    progress = sweeps_db.sweep_progress(session, sweep_ids=[sweep.id])[sweep.id]
+    by_id = {e.id: e for e in sweep.experiments}
+    experiments = [
+        SweepExperimentPublic(
+            id=r.experiment_id,
+            status=r.status,
+            role=r.role,
+            values=r.values,
+            label=r.label,
+            baseline_id=r.baseline_id,
+            attempt=by_id[r.experiment_id].attempt,
+            summary=by_id[r.experiment_id].summary,
+            error=by_id[r.experiment_id].error,
+        )
+        for r in sweeps_db.sweep_rows(sweep)
+    ]
+    return SweepPublic(
+        id=sweep.id,
+        name=sweep.name,
+        axes=sweep.axes,
+        base=sweep.base,
+        created_at=sweep.created_at,
+        cancelled=sweep.cancelled,
+        progress=_progress(progress),
+        invalid=sweep.invalid or [],
+        experiments=experiments,
+    )
+
+
+@router.post(
+    "",
+    status_code=status.HTTP_201_CREATED,
+    response_model=SweepPublic,
+    responses=WRITE_RESPONSES,
+    summary="Create a sweep: the product of axes over a base spec, with none baselines",
+)
+def create_sweep(session: SessionDep, settings: SettingsDep, body: SweepCreate) -> SweepPublic:
+    """Queue one experiment per valid combination of axis values, plus a ``none`` baseline
+    for each combination of the axes outside ``checkpoint.``. Invalid combinations are
+    returned in ``invalid``. 422 when an axis names no spec field, repeats a value, the sweep
+    is over the server's ``max_sweep_size``, or no combination is valid."""
+    try:
+        plan = sweeps_db.plan_sweep(body.base, body.axes, max_size=settings.max_sweep_size, settings=settings)
+    except sweeps_db.SweepError as exc:
+        raise RequestValidationError([{**e, "loc": ["body", *e["loc"]]} for e in exc.errors]) from None
+    sweep = sweeps_db.create_sweep(session, name=body.name, base=body.base, axes=body.axes, plan=plan)
+    return _public(session, sweep)
+
+
+@router.get("", response_model=SweepsPublic, summary="List sweeps, newest first, with progress")
+def list_sweeps(
+    session: SessionDep,
+    offset: Annotated[int, Query(ge=0, le=2**31)] = 0,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> SweepsPublic:
+    """A page of sweeps and the total count; each with its progress."""
+    rows, count = sweeps_db.list_sweeps(session, offset=offset, limit=limit)
+    progress = sweeps_db.sweep_progress(session, sweep_ids=[s.id for s in rows])
+    return SweepsPublic(
+        data=[
+            SweepSummaryPublic(
+                id=s.id,
+                name=s.name,
+                axes=s.axes,
+                created_at=s.created_at,
+                cancelled=s.cancelled,
+                progress=_progress(progress[s.id]),
+            )
+            for s in rows
+        ],
+        count=count,
+    )
+
+
+@router.get("/{sweep_id}", response_model=SweepPublic, responses=NOT_FOUND, summary="One sweep with its experiments")
+def get_sweep(session: SessionDep, sweep_id: SweepId) -> SweepPublic:
+    """The sweep's definition, invalid combinations, progress (finished of total, counts per
+    status) and every experiment's axis values, baseline and summary."""
+    return _public(session, _get_or_404(session, sweep_id))
+
+
+@router.post(
+    "/{sweep_id}/cancel",
+    response_model=SweepPublic,
+    responses={**NOT_FOUND, **WRITE_RESPONSES},
+    summary="Cancel every unfinished experiment of a sweep",
+)
+def cancel_sweep(session: SessionDep, sweep_id: SweepId) -> SweepPublic:
+    """Queued experiments become ``cancelled`` at once; running ones are stopped by their
+    workers within about a second. Finished ones keep their outcome. Idempotent."""
+    if store.cancel_sweep(session, sweep_id=sweep_id) is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"sweep {sweep_id} not found")
+    return _public(session, _get_or_404(session, sweep_id))
+
+
+@router.get(
+    "/{sweep_id}/events",
+    response_class=EventSourceResponse,
+    responses={**NOT_FOUND, **SSE_RESPONSE},
+    summary="Live steps, status changes and progress of a sweep (Server-Sent Events)",
+)
+def sweep_events(session: SessionDep, sweep_id: SweepId, stream: streams.StreamDep):
+    """``text/event-stream`` of ``step``, ``status`` and ``progress`` events for every
+    experiment of the sweep, and a final ``end`` once all have finished."""
+    sweep = _get_or_404(session, sweep_id)
+
+    def ids(s: Session) -> list[int]:
+        return list(s.scalars(select(Experiment.id).where(Experiment.sweep_id == sweep.id)))
+
+    return streams.event_stream(stream, experiment_ids=ids, sweep_id=sweep.id)
+
+
+@router.get(
+    "/{sweep_id}/results",
+    response_model=SweepResultsPublic,
+    responses={**NOT_FOUND, **CSV_RESPONSE},
+    summary="A sweep's results table (JSON or CSV)",
+)
+def sweep_results(
+    session: SessionDep,
+    sweep_id: SweepId,
+    format: Annotated[
+        Format, Query(description="csv: one row per experiment, one column per axis and metric")
+    ] = "json",
+):
+    """One row per experiment: role (baseline or run), axis values, its baseline, and the
+    numbers compared (activation and peak bytes, step time, overhead and saving against the
+    baseline in %, gradient difference)."""
+    sweep = _get_or_404(session, sweep_id)
+    rows = sweeps_db.sweep_rows(sweep)
+    if format == "csv":
+        return exports.csv_response(
+            [exports.sweep_result_record(r) for r in rows], filename=f"sweep-{sweep.id}-results.csv"
+        )
+    return SweepResultsPublic(
+        sweep_id=sweep.id,
+        axes=list(sweep.axes),
+        data=[SweepResultPublic.model_validate(r, from_attributes=True) for r in rows],
+    )
+
+
+@router.get(
+    "/{sweep_id}/charts/{name}",
+    response_model=ChartPublic,
+    responses=NOT_FOUND,
+    summary="A chart of a sweep as a Plotly figure",
+)
+def sweep_chart(session: SessionDep, sweep_id: SweepId, name: ChartName) -> ChartPublic:
+    """``memory_vs_segments`` (with the segment law), ``time_vs_segments`` (overhead against
+    the baseline, %), ``pareto`` (memory against time, frontier marked) or ``correctness``
+    (gradient difference per run). Another name gets 422 listing the valid ones."""
+    sweep = _get_or_404(session, sweep_id)
+    return ChartPublic.model_validate(charts.build_chart(sweep, name=name))

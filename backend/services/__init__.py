@@ -1,0 +1,1 @@
+"""Services behind the routes: streams, charts and exports (keyword-only functions)."""

@@ -1,0 +1,246 @@
+"""Plotly figures of a sweep, built on the server (``plotly.graph_objects``).
+
+- ``memory_vs_segments``: activation and peak bytes against ``checkpoint.segments``, one
+  line per combination of the other axes, with the segment law of ``docs/domain.md``
+  (``retained(N) ~= (N-1)*b + last*a``) computed from each baseline.
+- ``time_vs_segments``: step-time overhead against the matching ``none`` baseline, %.
+- ``pareto``: memory against step time for every succeeded experiment; the Pareto frontier
+  (no other run is both faster and smaller) is drawn as a line.
+- ``correctness``: the largest gradient difference against the un-checkpointed run, per run.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import plotly.graph_objects as go
+
+from ckptlab.db.models import Sweep
+from ckptlab.db.sweeps import SweepRow, axis_label, get_path, sweep_rows
+
+__all__ = ["CHARTS", "build_chart", "segment_law", "pareto_frontier"]
+
+SEGMENTS = "checkpoint.segments"
+
+
+def segment_law(*, depth: int, block_bytes: float, input_bytes: float, segments: int) -> float:
+    """Activation bytes retained by ``checkpoint_sequential`` over ``depth`` identical blocks.
+
+    ``retained(N) = (N-1)*b + last*a`` (``docs/domain.md``): each of the first ``N-1``
+    segments keeps only its input (``b`` bytes) and the last segment, never checkpointed,
+    keeps its ``last = depth - (N-1) * (depth // N)`` blocks' activations (``a`` bytes each).
+
+    Args:
+        depth: number of blocks (``model.depth``).
+        block_bytes: ``a``, bytes one block retains without checkpointing.
+        input_bytes: ``b``, bytes of a segment's input.
+        segments: ``N``, 1 to ``depth``.
+
+    Raises:
+        ValueError: ``segments`` is outside 1..``depth``.
+    """
+    if not 1 <= segments <= depth:
+        raise ValueError(f"segments must be in 1..{depth}, got {segments}")
+    last = depth - (segments - 1) * (depth // segments)
+    return (segments - 1) * input_bytes + last * block_bytes
+
+
+def pareto_frontier(points: Sequence[tuple[float, float]]) -> list[int]:
+    """Indices of the points no other point beats on both coordinates (lower is better),
+    ordered by the first coordinate."""
+    order = sorted(range(len(points)), key=lambda i: (points[i][0], points[i][1]))
+    frontier, best = [], float("inf")
+    for i in order:
+        if points[i][1] < best:
+            frontier.append(i)
+            best = points[i][1]
+    return frontier
+
+
+def _done(r: SweepRow) -> bool:
+    return r.status == "succeeded"
+
+
+def _curves(
+    rows: Sequence[SweepRow], specs: Mapping[int, Mapping[str, Any]], paths: Sequence[str]
+) -> dict[str, list[SweepRow]]:
+    """Succeeded ``sequential`` runs grouped by the values of every axis but segments."""
+    other = [p for p in paths if p != SEGMENTS]
+    groups: dict[str, list[SweepRow]] = defaultdict(list)
+    for r in rows:
+        spec = specs.get(r.experiment_id, {})
+        if r.role == "run" and _done(r) and get_path(spec, "checkpoint.strategy") == "sequential":
+            groups[axis_label(r.values, other)].append(r)
+    for members in groups.values():
+        members.sort(key=lambda r: get_path(specs[r.experiment_id], SEGMENTS, 1))
+    return dict(groups)
+
+
+def _name(prefix: str, label: str) -> str:
+    return f"{prefix} {label}".strip()
+
+
+def _layout(title: str, x: str, y: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "title": {"text": title},
+        "xaxis": {"title": {"text": x}},
+        "yaxis": {"title": {"text": y}},
+        "legend": {"orientation": "h", "y": -0.2},
+        **extra,
+    }
+
+
+def _memory_vs_segments(sweep: Sweep, rows: Sequence[SweepRow], specs: Mapping[int, Mapping[str, Any]]) -> go.Figure:
+    fig = go.Figure()
+    curves = _curves(rows, specs, list(sweep.axes))
+    seg = {r.experiment_id: get_path(specs[r.experiment_id], SEGMENTS, 1) for g in curves.values() for r in g}
+    for label, members in curves.items():
+        x = [seg[r.experiment_id] for r in members]
+        for prefix, metric, dash in (
+            ("activation", "activation_bytes", "solid"),
+            ("peak", "peak_allocated_bytes", "dot"),
+        ):
+            fig.add_trace(
+                go.Scatter(
+                    x=x,
+                    y=[r.metrics[metric] for r in members],
+                    mode="lines+markers",
+                    name=_name(prefix, label),
+                    legendgroup=label,
+                    line={"dash": dash},
+                )
+            )
+    by_id = {r.experiment_id: r for r in rows}
+    baselines = sorted({r.baseline_id for g in curves.values() for r in g if r.baseline_id is not None})
+    usable = [by_id[b] for b in baselines if _done(by_id[b]) and by_id[b].metrics["activation_bytes"]]
+    for base in usable:
+        depth = get_path(specs[base.experiment_id], "model.depth")
+        if not isinstance(depth, int) or depth < 1:
+            continue
+        a = base.metrics["activation_bytes"] / depth  # bytes one block retains
+        top = max([seg[r.experiment_id] for g in curves.values() for r in g if r.baseline_id == base.experiment_id])
+        ns = list(range(1, min(depth, max(top, 1)) + 1))
+        group = axis_label(base.group)
+        fig.add_trace(
+            go.Scatter(
+                x=ns,
+                y=[segment_law(depth=depth, block_bytes=a, input_bytes=a, segments=n) for n in ns],
+                mode="lines",
+                name="segment law" if len(usable) == 1 or not group else f"segment law {group}",
+                line={"dash": "dash", "color": "grey"},
+                hovertemplate="N=%{x}: %{y:.3s}B<extra>(N-1)*b + last*a, a = b = baseline / depth</extra>",
+            )
+        )
+    fig.update_layout(
+        _layout("Activation and peak memory against segments", "checkpoint.segments", "bytes", hovermode="x unified")
+    )
+    return fig
+
+
+def _time_vs_segments(sweep: Sweep, rows: Sequence[SweepRow], specs: Mapping[int, Mapping[str, Any]]) -> go.Figure:
+    fig = go.Figure()
+    for label, members in _curves(rows, specs, list(sweep.axes)).items():
+        fig.add_trace(
+            go.Scatter(
+                x=[get_path(specs[r.experiment_id], SEGMENTS, 1) for r in members],
+                y=[r.metrics["overhead_pct"] for r in members],
+                mode="lines+markers",
+                name=_name("overhead", label),
+                customdata=[r.metrics["step_time_ms"] for r in members],
+                hovertemplate="%{y:.1f}% (%{customdata:.2f} ms/step)",
+            )
+        )
+    fig.update_layout(_layout("Step-time overhead against the none baseline", "checkpoint.segments", "overhead (%)"))
+    return fig
+
+
+def _pareto(sweep: Sweep, rows: Sequence[SweepRow], specs: Mapping[int, Mapping[str, Any]]) -> go.Figure:
+    metric = "peak_allocated_bytes"
+    pts = [r for r in rows if _done(r) and r.metrics["step_time_ms"] is not None and r.metrics[metric] is not None]
+    fig = go.Figure()
+    for role, name in (("baseline", "baseline"), ("run", "runs")):
+        sel = [r for r in pts if r.role == role]
+        if sel:
+            fig.add_trace(
+                go.Scatter(
+                    x=[r.metrics["step_time_ms"] for r in sel],
+                    y=[r.metrics[metric] for r in sel],
+                    mode="markers",
+                    name=name,
+                    text=[r.label for r in sel],
+                    hovertemplate="%{text}<br>%{x:.2f} ms, %{y:.3s}B<extra></extra>",
+                )
+            )
+    front = [pts[i] for i in pareto_frontier([(r.metrics["step_time_ms"], r.metrics[metric]) for r in pts])]
+    fig.add_trace(
+        go.Scatter(
+            x=[r.metrics["step_time_ms"] for r in front],
+            y=[r.metrics[metric] for r in front],
+            mode="lines+markers",
+            name="pareto frontier",
+            text=[r.label for r in front],
+            line={"shape": "hv"},
+            marker={"symbol": "star", "size": 12},
+            hovertemplate="%{text}<extra>frontier</extra>",
+        )
+    )
+    fig.update_layout(_layout("Memory against time (lower left is better)", "step time (ms)", "peak allocated (bytes)"))
+    return fig
+
+
+def _correctness(sweep: Sweep, rows: Sequence[SweepRow], specs: Mapping[int, Mapping[str, Any]]) -> go.Figure:
+    runs = [r for r in rows if r.role == "run" and _done(r)]
+    colors = {True: "seagreen", False: "crimson", None: "grey"}
+    fig = go.Figure(
+        go.Bar(
+            x=[r.label for r in runs],
+            y=[r.metrics["grad_max_abs_diff"] for r in runs],
+            name="grad_max_abs_diff",
+            marker={"color": [colors[r.gradients_match] for r in runs]},
+            text=[
+                "not verified"
+                if r.metrics["grad_max_abs_diff"] is None
+                else ("match" if r.gradients_match else "differs" if r.gradients_match is False else "")
+                for r in runs
+            ],
+            hovertemplate="%{x}: %{y:.3g}<extra>%{text}</extra>",
+        )
+    )
+    fig.update_layout(
+        _layout(
+            "Gradient difference against the run without checkpointing",
+            "configuration",
+            "max |grad - grad without checkpointing|",
+        )
+    )
+    return fig
+
+
+CHARTS: dict[str, Callable[[Sweep, Sequence[SweepRow], Mapping[int, Mapping[str, Any]]], go.Figure]] = {
+    "memory_vs_segments": _memory_vs_segments,
+    "time_vs_segments": _time_vs_segments,
+    "pareto": _pareto,
+    "correctness": _correctness,
+}
+
+
+def build_chart(sweep: Sweep, *, name: str) -> dict[str, Any]:
+    """The figure ``name`` of ``sweep`` as a JSON-able dict with ``data`` and ``layout``.
+
+    Only succeeded experiments are drawn; missing summary keys leave gaps, never errors.
+
+    Args:
+        sweep: the sweep, its experiments loaded.
+        name: one of :data:`CHARTS`.
+
+    Raises:
+        KeyError: ``name`` is not a chart.
+    """
+    rows = sweep_rows(sweep)
+    specs = {e.id: e.spec or {} for e in sweep.experiments}
+    fig = CHARTS[name](sweep, rows, specs)
+    out = json.loads(fig.to_json(validate=False))
+    return {"data": out.get("data", []), "layout": out.get("layout", {})}

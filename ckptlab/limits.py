@@ -1,0 +1,108 @@
+"""Limits on what one request may ask a worker to do, checked from the spec alone.
+
+The backend never imports torch, so the parameter count of a spec is computed here from the
+architectures of :mod:`worker.models` (a test checks the two agree for every built-in kind).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ckptlab.settings import Settings
+from ckptlab.spec import DenseNetSpec, ExperimentSpec, MLPSpec, ResNetSpec, TransformerSpec
+
+__all__ = ["estimate_param_count", "limit_errors"]
+
+N_CLASSES = 10
+
+
+def _mlp(m: MLPSpec) -> int:
+    w = m.width
+    linear = w * w + w
+    return (linear if m.stem else 0) + m.depth * linear + w * N_CLASSES + N_CLASSES
+
+
+def _resnet(m: ResNetSpec) -> int:
+    c = m.channels
+
+    def conv(cin: int, cout: int, k: int) -> int:  # bias=False
+        return cin * cout * k * k
+
+    def bn(ch: int) -> int:
+        return 2 * ch
+
+    stem = conv(3, c, 7) + bn(c) + conv(c, 2 * c, 3) + bn(2 * c) + conv(2 * c, 4 * c, 3) + bn(4 * c)
+    block = 2 * (conv(4 * c, 4 * c, 3) + bn(4 * c))
+    head = conv(4 * c, 2 * c, 3) + bn(2 * c) + conv(2 * c, c, 3) + bn(c) + conv(c, 3, 7) + 3
+    return stem + m.depth * block + head
+
+
+def _transformer(m: TransformerSpec) -> int:
+    d = m.d_model
+    embed = m.vocab_size * d + m.seq_len * d
+    block = 12 * d * d + 13 * d  # 2 LayerNorms, qkv, proj, 4x MLP (all with bias)
+    head = 2 * d + d * m.vocab_size  # LayerNorm + Linear without bias
+    return embed + m.depth * block + head
+
+
+def _densenet(m: DenseNetSpec) -> int:
+    k, mid = m.growth_rate, m.bn_size * m.growth_rate
+    total = 3 * 2 * k * 9  # stem Conv3x3 without bias
+    for i in range(m.depth):
+        cin = 2 * k + i * k
+        total += 2 * cin + cin * mid + 2 * mid + mid * k * 9
+    cout = 2 * k + m.depth * k
+    return total + 2 * cout + cout * N_CLASSES + N_CLASSES
+
+
+_COUNTERS = {"mlp": _mlp, "resnet": _resnet, "transformer": _transformer, "densenet": _densenet}
+
+
+def estimate_param_count(spec: ExperimentSpec) -> int | None:
+    """Number of trainable parameters the worker will build for ``spec`` (pure arithmetic).
+
+    Args:
+        spec: a validated experiment spec.
+
+    Returns:
+        The exact parameter count of the built-in models of :mod:`worker.models` (mlp,
+        resnet, transformer, densenet), or None for ``custom`` models, whose code the
+        backend never loads.
+    """
+    counter = _COUNTERS.get(spec.model.kind)
+    return counter(spec.model) if counter else None
+
+
+def limit_errors(spec: ExperimentSpec, settings: Settings, *, loc: tuple[str | int, ...] = ("body",)) -> list[dict]:
+    """The ways ``spec`` exceeds the configured limits, as FastAPI validation errors.
+
+    Args:
+        spec: a validated experiment spec.
+        settings: supplies ``max_steps``, ``max_batch_size`` and ``max_param_count``.
+        loc: prefix of each error's location (default ``("body",)``).
+
+    Returns:
+        A list of ``{"type": "limit", "loc": [...], "msg": ..., "input": ...}`` dicts, empty
+        when the spec is within every limit.
+    """
+    errors: list[dict[str, Any]] = []
+
+    def err(path: tuple[str, ...], value: Any, msg: str) -> None:
+        errors.append({"type": "limit", "loc": [*loc, *path], "msg": msg, "input": value})
+
+    if spec.steps > settings.max_steps:
+        err(("steps",), spec.steps, f"steps ({spec.steps}) exceeds this server's limit of {settings.max_steps}")
+    if spec.batch_size > settings.max_batch_size:
+        err(
+            ("batch_size",),
+            spec.batch_size,
+            f"batch_size ({spec.batch_size}) exceeds this server's limit of {settings.max_batch_size}",
+        )
+    params = estimate_param_count(spec)
+    if params is not None and params > settings.max_param_count:
+        err(
+            ("model",),
+            spec.model.kind,
+            f"the model has {params:,} parameters, over this server's limit of {settings.max_param_count:,}",
+        )
+    return errors

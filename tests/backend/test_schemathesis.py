@@ -1,0 +1,53 @@
+"""Property-based API test (schemathesis 4): generated requests for every operation of the
+OpenAPI schema, valid and invalid, never get a server error or a response that breaks the
+schema (status code, content type, body). The live streams are left out: a stream of a
+running experiment never ends on its own (tests/backend/test_stream.py covers them)."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import schemathesis
+from fastapi.testclient import TestClient
+from hypothesis import HealthCheck, settings
+from schemathesis.checks import not_a_server_error
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
+
+from backend.app import create_app
+from ckptlab.settings import Settings
+from tests.factories import spec_dict
+
+CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
+
+
+def _app():
+    """The app over a fresh database holding one sweep (so that id 1 exists)."""
+    data_dir = Path(tempfile.mkdtemp(prefix="ckptlab-schemathesis-"))
+    atexit.register(shutil.rmtree, data_dir, ignore_errors=True)  # after schemathesis stops the app
+    app = create_app(Settings(data_dir=data_dir, database_url=f"sqlite:///{data_dir / 'ckptlab.db'}"))
+    with TestClient(app) as c:
+        body = {"name": "seed", "base": spec_dict(), "axes": {"checkpoint.strategy": ["none", "sequential"]}}
+        assert c.post("/api/sweeps", json=body).status_code == 201
+    return app
+
+
+schema = schemathesis.openapi.from_asgi("/openapi.json", _app()).exclude(path_regex=r"/events$")
+
+
+@schema.parametrize()
+@settings(
+    max_examples=int(os.environ.get("CKPTLAB_SCHEMATHESIS_EXAMPLES", "12")),
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+    derandomize=True,
+)
+def test_api_never_errors_and_keeps_to_its_schema(case):
+    case.call_and_validate(checks=CHECKS)

@@ -1,0 +1,121 @@
+"""Per-step series: at most max_points points, spikes and the global extremes kept, nulls
+skipped, the cache brought up to date by new steps, bad input rejected."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from ckptlab.db import store
+from ckptlab.db.queries import SeriesCache, downsample_indices, warm_running_series
+from tests.backend.conftest import running_experiment, step_record
+
+N = 20_000
+SPIKES = (1234, 7777, 15000)
+
+
+@pytest.fixture
+def long_run(db_session):
+    """A running experiment with N steps: a smooth step time with three spikes, one dip."""
+    exp = running_experiment(db_session)
+    rng = np.random.default_rng(0)
+    base = 10 + np.sin(np.arange(N) / 500) + rng.normal(0, 0.05, N)
+    base[[s - 1 for s in SPIKES]] = [40.0, 55.0, 47.0]
+    base[9999] = 1.0  # the global minimum, at step 10000
+    records = [step_record(i + 1, step_ms=float(v), loss=None if i % 2 else 1.0) for i, v in enumerate(base)]
+    store.add_steps(db_session, experiment_id=exp.id, attempt=1, records=records)
+    return exp
+
+
+def test_series_keeps_spikes_and_global_extremes(client, long_run):
+    r = client.get(f"/api/experiments/{long_run.id}/series", params={"metric": "step_ms", "max_points": 300})
+    assert r.status_code == 200
+    body = r.json()
+    assert len(body["x"]) == len(body["y"]) <= 300
+    assert body["total"] == N and body["downsampled"] is True and body["skipped"] == 0
+    assert body["x"] == sorted(body["x"])
+    assert set(SPIKES) <= set(body["x"]), "every spike survives downsampling"
+    assert body["max"] == {"step": 7777, "value": 55.0}
+    assert body["min"] == {"step": 10000, "value": 1.0}
+    assert 10000 in body["x"] and max(body["y"]) == 55.0 and min(body["y"]) == 1.0
+
+
+def test_series_skips_null_values_and_returns_small_series_whole(client, db_session, long_run):
+    body = client.get(f"/api/experiments/{long_run.id}/series", params={"metric": "loss", "max_points": 20000}).json()
+    assert body["total"] == N // 2 and body["skipped"] == N // 2
+    assert body["downsampled"] is False and len(body["x"]) == N // 2
+    assert all(x % 2 == 1 for x in body["x"])  # the null losses (even steps) are left out
+    cpu = client.get(f"/api/experiments/{long_run.id}/series", params={"metric": "reserved_bytes"}).json()
+    assert cpu["total"] == 0 and cpu["x"] == [] and cpu["min"] is None
+
+
+def test_series_sees_steps_added_after_it_was_cached(client, db_session):
+    exp = running_experiment(db_session)
+    store.add_steps(db_session, experiment_id=exp.id, attempt=1, records=[step_record(s) for s in range(1, 101)])
+    url = f"/api/experiments/{exp.id}/series?metric=peak_allocated_bytes&max_points=50"
+    first = client.get(url).json()
+    assert first["total"] == 100 and first["max"]["value"] == 2000
+    store.add_steps(
+        db_session,
+        experiment_id=exp.id,
+        attempt=1,
+        records=[step_record(s, peak_allocated_bytes=5000 if s == 150 else 2000) for s in range(101, 201)],
+    )
+    second = client.get(url).json()
+    assert second["total"] == 200 and second["max"] == {"step": 150, "value": 5000}
+    assert 150 in second["x"] and len(second["x"]) <= 50
+
+
+def test_series_is_of_the_current_attempt(client, db_session):
+    exp = running_experiment(db_session)
+    store.add_steps(db_session, experiment_id=exp.id, attempt=1, records=[step_record(s) for s in range(1, 11)])
+    store.requeue_experiment(db_session, experiment_id=exp.id, attempt=1)
+    again = store.claim_next(db_session, worker_id="test:2")
+    assert again.attempt == 2
+    store.add_steps(db_session, experiment_id=exp.id, attempt=2, records=[step_record(s) for s in range(1, 4)])
+    body = client.get(f"/api/experiments/{exp.id}/series").json()
+    assert body["attempt"] == 2 and body["x"] == [1, 2, 3]
+
+
+@pytest.mark.parametrize(
+    ("query", "loc"),
+    [
+        ("metric=params", ["query", "metric"]),
+        ("max_points=3", ["query", "max_points"]),
+        ("max_points=1000000", ["query", "max_points"]),
+        ("max_points=abc", ["query", "max_points"]),
+    ],
+)
+def test_series_rejects_bad_queries(client, db_session, query, loc):
+    exp = running_experiment(db_session)
+    r = client.get(f"/api/experiments/{exp.id}/series?{query}")
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == loc
+    assert client.get("/api/experiments/12345/series").status_code == 404
+
+
+def test_downsample_indices_unit():
+    x = np.arange(1, 101, dtype=np.int64)
+    y = np.ones(100)
+    y[[10, 20]] = [math.nan, math.inf]
+    y[50] = 9.0
+    assert list(downsample_indices(x, y, 1000)) == [i for i in range(100) if i not in (10, 20)]
+    picked = downsample_indices(x, y, 10)
+    assert len(picked) <= 10 and 50 in picked and 10 not in picked and 20 not in picked
+    with pytest.raises(ValueError):
+        downsample_indices(x, y, 3)
+
+
+def test_running_experiments_are_kept_warm(db_session):
+    live = running_experiment(db_session)
+    store.add_steps(db_session, experiment_id=live.id, attempt=1, records=[step_record(s) for s in range(1, 51)])
+    done = running_experiment(db_session)
+    store.finish_experiment(db_session, experiment_id=done.id, status="succeeded", summary={})
+    cache = SeriesCache()
+    assert warm_running_series(db_session, cache, metrics=("step_ms", "loss")) == 1
+    assert set(cache._entries) == {(live.id, 1, "step_ms"), (live.id, 1, "loss")}
+    store.add_steps(db_session, experiment_id=live.id, attempt=1, records=[step_record(51, step_ms=99.0)])
+    warm_running_series(db_session, cache, metrics=("step_ms",))
+    warmed = cache._entries[(live.id, 1, "step_ms")]
+    assert len(warmed.values) == 51 and warmed.values[-1] == 99.0

@@ -1,0 +1,147 @@
+"""Live streams (SSE): steps and status changes in order, an end event, resumption with
+Last-Event-ID, and the latency from a step's commit to the client."""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+
+import httpx
+import pytest
+
+from ckptlab.db import store
+from tests.backend.conftest import add_steps, parse_sse, running_experiment
+
+
+def finished_experiment(session, n_steps: int = 5):
+    exp = running_experiment(session)
+    add_steps(session, exp, range(1, n_steps + 1))
+    store.finish_experiment(session, experiment_id=exp.id, status="succeeded", summary={"activation_bytes": 1})
+    return exp
+
+
+def test_stream_of_finished_experiment_sends_steps_status_and_end(client, db_session):
+    exp = finished_experiment(db_session)
+    r = client.get(f"/api/experiments/{exp.id}/events")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    events = parse_sse(r.text)
+    kinds = [e.event for e in events]
+    assert kinds == ["step"] * 5 + ["status", "end"]
+    assert [e.data["step"] for e in events[:5]] == [1, 2, 3, 4, 5]
+    assert events[0].data["experiment_id"] == exp.id and events[0].data["attempt"] == 1
+    assert events[5].data == {"experiment_id": exp.id, "status": "succeeded", "attempt": 1, "error": None}
+    cursors = [int(e.id.split(":")[0]) for e in events]
+    assert cursors[:5] == sorted(set(cursors[:5])), "step ids must increase"
+    assert cursors[5:] == [cursors[4]] * 2
+
+
+def test_resume_with_last_event_id_sends_only_what_was_missed(client, db_session):
+    exp = finished_experiment(db_session, n_steps=6)
+    events = parse_sse(client.get(f"/api/experiments/{exp.id}/events").text)
+    third = events[2]
+    resumed = parse_sse(client.get(f"/api/experiments/{exp.id}/events", headers={"Last-Event-ID": third.id}).text)
+    # The client saw no status yet (the digest in the id predates it): status is re-sent.
+    assert [e.event for e in resumed] == ["step", "step", "step", "status", "end"]
+    assert [e.data["step"] for e in resumed[:3]] == [4, 5, 6]
+    # Resuming from the status event: nothing new but the end.
+    last_status = next(e for e in events if e.event == "status")
+    again = parse_sse(client.get(f"/api/experiments/{exp.id}/events", headers={"Last-Event-ID": last_status.id}).text)
+    assert [e.event for e in again] == ["end"]
+
+
+def test_statuses_only_and_bad_requests(client, db_session):
+    exp = finished_experiment(db_session)
+    events = parse_sse(client.get(f"/api/experiments/{exp.id}/events?steps=false").text)
+    assert [e.event for e in events] == ["status", "end"]
+    assert client.get("/api/experiments/999/events").status_code == 404
+    assert client.get("/api/sweeps/999/events").status_code == 404
+    for bad in ("abc", "1:xyz", "99999999999999999999:00"):
+        r = client.get(f"/api/experiments/{exp.id}/events", headers={"Last-Event-ID": bad})
+        assert r.status_code == 422, bad
+        assert r.json()["detail"][0]["loc"] == ["header", "last-event-id"]
+
+
+def test_sweep_stream_reports_each_experiment_and_progress(client, db_session):
+    from tests.factories import spec_dict
+
+    body = {
+        "name": "stream",
+        "base": spec_dict(**{"checkpoint.strategy": "sequential"}),
+        "axes": {"checkpoint.segments": [2, 4]},
+    }
+    sweep = client.post("/api/sweeps", json=body).json()
+    ids = [e["id"] for e in sweep["experiments"]]
+    assert len(ids) == 3  # one baseline, two runs
+    for _ in ids:  # run each "by hand": claim, one step, finish
+        exp = store.claim_next(db_session, worker_id="test:1")
+        add_steps(db_session, exp, [1])
+        store.finish_experiment(db_session, experiment_id=exp.id, status="succeeded", summary={})
+    events = parse_sse(client.get(f"/api/sweeps/{sweep['id']}/events").text)
+    steps = [e for e in events if e.event == "step"]
+    assert sorted(e.data["experiment_id"] for e in steps) == sorted(ids)
+    statuses = {e.data["experiment_id"]: e.data["status"] for e in events if e.event == "status"}
+    assert statuses == dict.fromkeys(ids, "succeeded")
+    progress = [e for e in events if e.event == "progress"]
+    assert progress[-1].data["finished"] == progress[-1].data["total"] == 3
+    assert events[-1].event == "end"
+
+
+def _read_stream(url: str, received: dict, stop_after_end: threading.Event) -> None:
+    with httpx.Client(timeout=30) as http, http.stream("GET", url) as r:
+        assert r.status_code == 200
+        buf = ""
+        for chunk in r.iter_text():
+            buf = (buf + chunk).replace("\r\n", "\n")
+            while "\n\n" in buf:
+                block, buf = buf.split("\n\n", 1)
+                for ev in parse_sse(block + "\n\n"):
+                    if ev.event == "step":
+                        received[ev.data["step"]] = time.monotonic()
+                    if ev.event == "end":
+                        stop_after_end.set()
+                        return
+
+
+def test_live_steps_reach_the_client_within_a_second(live_server, db_session):
+    exp = running_experiment(db_session)
+    received: dict[int, float] = {}
+    ended = threading.Event()
+    reader = threading.Thread(
+        target=_read_stream, args=(f"{live_server}/api/experiments/{exp.id}/events", received, ended), daemon=True
+    )
+    reader.start()
+    time.sleep(0.5)  # let the stream connect
+    committed = {}
+    for step in range(1, 21):
+        add_steps(db_session, exp, [step])
+        committed[step] = time.monotonic()
+        time.sleep(0.05)
+    store.finish_experiment(db_session, experiment_id=exp.id, status="succeeded", summary={})
+    assert ended.wait(10), "no end event after the experiment finished"
+    reader.join(5)
+    assert sorted(received) == list(range(1, 21))
+    latencies = sorted(received[s] - committed[s] for s in committed)
+    p95 = latencies[int(0.95 * (len(latencies) - 1))]
+    assert p95 < 1.0, f"p95 {p95:.3f} s, median {statistics.median(latencies):.3f} s"
+
+
+@pytest.mark.parametrize("path", ["/api/experiments/{id}/events", "/api/sweeps/{id}/events"])
+def test_stream_ids_out_of_range_are_rejected(client, path):
+    r = client.get(path.format(id=2**64))
+    assert r.status_code == 422
+
+
+def test_non_finite_step_values_are_sent_as_null(client, db_session):
+    exp = running_experiment(db_session)
+    add_steps(db_session, exp, [1], forward_ms=float("inf"))
+    store.finish_experiment(db_session, experiment_id=exp.id, status="succeeded", summary={})
+    step = parse_sse(client.get(f"/api/experiments/{exp.id}/events").text)[0]
+    assert step.event == "step" and step.data["forward_ms"] is None and step.data["backward_ms"] == 2.0
+
+
+def test_a_long_backlog_is_sent_in_order_before_the_final_status(client, db_session):
+    exp = finished_experiment(db_session, n_steps=2500)  # more than one read batch (1000)
+    events = parse_sse(client.get(f"/api/experiments/{exp.id}/events").text)
+    assert [e.data["step"] for e in events if e.event == "step"] == list(range(1, 2501))
+    assert [e.event for e in events[-2:]] == ["status", "end"]

@@ -1,0 +1,258 @@
+"""Sweeps: expansion over dotted spec paths with none baselines, invalid combinations
+reported, 422 for unknown axes / oversize / nothing valid, progress, cancel, and a 2x2x2
+sweep run to completion by a real worker with its charts, results and stream."""
+
+from __future__ import annotations
+
+import csv
+import io
+import itertools
+
+import pytest
+
+from ckptlab.db import store
+from ckptlab.db.sweeps import SweepError, plan_sweep, unknown_axis_error
+from tests.factories import spec_dict
+from tests.support import wait_for
+
+SEQ = spec_dict(**{"checkpoint.strategy": "sequential"})
+
+
+def test_plan_expands_the_product_and_adds_a_baseline_per_non_checkpoint_combination():
+    axes = {
+        "checkpoint.segments": [1, 2, 4, 8],
+        "checkpoint.preserve_rng_state": [True, False],
+        "amp": ["off", "bf16"],
+    }
+    plan = plan_sweep(SEQ, axes)
+    assert plan.combinations == 16 and plan.invalid == []
+    baselines = [r for r in plan.runs if r.baseline]
+    runs = [r for r in plan.runs if not r.baseline]
+    assert plan.runs[:2] == baselines  # baselines are queued first
+    assert [(b.spec.checkpoint.strategy, b.spec.amp) for b in baselines] == [("none", "off"), ("none", "bf16")]
+    assert len(runs) == 16
+    got = {(r.spec.checkpoint.segments, r.spec.checkpoint.preserve_rng_state, r.spec.amp) for r in runs}
+    assert got == set(itertools.product([1, 2, 4, 8], [True, False], ["off", "bf16"]))
+    assert all(r.spec.checkpoint.strategy == "sequential" and r.spec.model.depth == 8 for r in runs)
+
+
+def test_plan_reports_invalid_combinations_instead_of_dropping_them():
+    plan = plan_sweep(SEQ, {"checkpoint.segments": [4, 16], "model.depth": [8, 32]})
+    assert len(plan.invalid) == 1
+    bad = plan.invalid[0]
+    assert bad["values"] == {"checkpoint.segments": 16, "model.depth": 8} and bad["baseline"] is False
+    assert bad["errors"][0]["loc"] == ["checkpoint", "segments"]
+    runs = [r for r in plan.runs if not r.baseline]
+    assert len(runs) == 3 and sum(r.baseline for r in plan.runs) == 2  # a baseline per depth
+
+
+def test_plan_does_not_duplicate_a_run_that_is_its_own_baseline():
+    plan = plan_sweep(SEQ, {"checkpoint.strategy": ["none", "sequential"], "batch_size": [4, 8]})
+    assert len(plan.runs) == 4  # 2 baselines (= the 'none' runs) + 2 sequential
+    assert sorted(r.spec.checkpoint.strategy for r in plan.runs) == ["none", "none", "sequential", "sequential"]
+
+
+@pytest.mark.parametrize(
+    ("path", "ok"),
+    [
+        ("checkpoint.segments", True),
+        ("model.width", True),
+        ("model.options.alpha", False),  # options belongs to custom models only
+        ("checkpoint.segmnts", False),
+        ("amp.level", False),
+        ("model.channels", False),  # a resnet field; the base is an mlp
+    ],
+)
+def test_axis_paths_are_resolved_against_the_spec(path, ok):
+    assert (unknown_axis_error(path, kinds={"mlp"}) is None) is ok
+
+
+def test_plan_errors():
+    with pytest.raises(SweepError) as exc:
+        plan_sweep(SEQ, {"checkpoint.segmnts": [1, 2]})
+    assert exc.value.errors[0]["loc"] == ["axes", "checkpoint.segmnts"]
+    with pytest.raises(SweepError) as exc:
+        plan_sweep(SEQ, {"checkpoint.segments": [1, 2, 3], "batch_size": [1, 2, 3, 4]}, max_size=15)
+    assert "limit of 15" in exc.value.errors[0]["msg"]  # 12 runs + 4 baselines
+    with pytest.raises(SweepError) as exc:
+        plan_sweep(SEQ, {"checkpoint.segments": [9, 10]})
+    assert exc.value.errors[0]["loc"] == ["axes", "checkpoint.segments"]
+    with pytest.raises(SweepError):
+        plan_sweep(SEQ, {"checkpoint.segments": [2, 2]})
+
+
+def sweep_body(**axes):
+    return {"name": "test sweep", "base": SEQ, "axes": axes}
+
+
+def test_create_and_read_a_sweep(client):
+    r = client.post("/api/sweeps", json=sweep_body(**{"checkpoint.segments": [2, 4, 16], "amp": ["off", "bf16"]}))
+    assert r.status_code == 201, r.text
+    sweep = r.json()
+    assert len(sweep["invalid"]) == 2 and {i["values"]["checkpoint.segments"] for i in sweep["invalid"]} == {16}
+    assert sweep["progress"] == {
+        "total": 6,
+        "finished": 0,
+        "counts": {
+            "queued": 6,
+            "running": 0,
+            "succeeded": 0,
+            "failed": 0,
+            "oom": 0,
+            "timed_out": 0,
+            "cancelled": 0,
+        },
+    }
+    roles = [e["role"] for e in sweep["experiments"]]
+    assert roles.count("baseline") == 2 and roles.count("run") == 4
+    run = next(e for e in sweep["experiments"] if e["values"] == {"checkpoint.segments": 4, "amp": "bf16"})
+    base = next(e for e in sweep["experiments"] if e["id"] == run["baseline_id"])
+    assert base["role"] == "baseline" and base["values"] == {"checkpoint.segments": None, "amp": "bf16"}
+    for e in sweep["experiments"]:
+        assert client.get(f"/api/experiments/{e['id']}").json()["sweep_id"] == sweep["id"]
+    assert client.get(f"/api/sweeps/{sweep['id']}").json() == sweep
+    listing = client.get("/api/sweeps").json()
+    assert listing["count"] == 1 and listing["data"][0]["progress"]["total"] == 6
+
+
+@pytest.mark.parametrize(
+    ("axes", "loc"),
+    [
+        ({"checkpoint.segmnts": [1, 2]}, ["body", "axes", "checkpoint.segmnts"]),
+        ({"model.channels": [4, 8]}, ["body", "axes", "model.channels"]),
+        ({"checkpoint.segments": [9, 16]}, ["body", "axes", "checkpoint.segments"]),
+        ({"checkpoint.segments": []}, ["body", "axes", "checkpoint.segments"]),
+        ({"bad path!": [1]}, ["body", "axes", "bad path!", "[key]"]),
+        ({}, ["body", "axes"]),
+    ],
+)
+def test_bad_sweeps_get_422_naming_the_axis_and_store_nothing(client, axes, loc):
+    r = client.post("/api/sweeps", json=sweep_body(**axes))
+    assert r.status_code == 422, r.text
+    assert loc in [e["loc"] for e in r.json()["detail"]]
+    assert client.get("/api/sweeps").json()["count"] == 0
+    assert client.get("/api/experiments").json()["count"] == 0
+
+
+def test_sweep_size_limit_comes_from_settings(make_client):
+    c = make_client(max_sweep_size=5)
+    r = c.post("/api/sweeps", json=sweep_body(**{"checkpoint.segments": [1, 2, 4], "amp": ["off", "bf16"]}))
+    assert r.status_code == 422 and "limit of 5" in r.json()["detail"][0]["msg"]
+    assert c.post("/api/sweeps", json=sweep_body(**{"checkpoint.segments": [1, 2, 4]})).status_code == 201
+
+
+def test_unknown_fields_in_a_sweep_are_rejected(client):
+    r = client.post("/api/sweeps", json={**sweep_body(amp=["off"]), "extra": 1})
+    assert r.status_code == 422 and ["body", "extra"] in [e["loc"] for e in r.json()["detail"]]
+    bad_base = {"name": "x", "base": {**SEQ, "batchsize": 4}, "axes": {"amp": ["off"]}}
+    r = client.post("/api/sweeps", json=bad_base)
+    assert r.status_code == 422 and ["body", "base", "batchsize"] in [e["loc"] for e in r.json()["detail"]]
+
+
+def test_cancel_a_sweep(client, db_session):
+    sweep = client.post("/api/sweeps", json=sweep_body(**{"checkpoint.segments": [2, 4]})).json()
+    store.claim_next(db_session, worker_id="test:1")  # the baseline is running
+    r = client.post(f"/api/sweeps/{sweep['id']}/cancel")
+    assert r.status_code == 200
+    body = r.json()
+    assert body["cancelled"] is True
+    assert body["progress"]["counts"]["cancelled"] == 2 and body["progress"]["counts"]["running"] == 1
+    assert client.post("/api/sweeps/999/cancel").status_code == 404
+    assert client.get("/api/sweeps/999").status_code == 404
+
+
+@pytest.mark.slow
+def test_worker_runs_a_2x2x2_sweep_and_its_charts_hold_the_expected_traces(client, worker_process):
+    from tests.backend.conftest import parse_sse
+
+    axes = {
+        "checkpoint.segments": [2, 4],
+        "checkpoint.preserve_rng_state": [True, False],
+        "amp": ["off", "bf16"],
+    }
+    r = client.post("/api/sweeps", json=sweep_body(**axes))
+    assert r.status_code == 201, r.text
+    sid = r.json()["id"]
+
+    def finished():
+        s = client.get(f"/api/sweeps/{sid}").json()
+        return s if s["progress"]["finished"] == s["progress"]["total"] else None
+
+    sweep = wait_for(finished, timeout=240, interval=0.5)
+    assert sweep["progress"]["counts"]["succeeded"] == 10, [(e["label"], e["error"]) for e in sweep["experiments"]]
+    exps = sweep["experiments"]
+    base = {e["values"]["amp"]: e for e in exps if e["role"] == "baseline"}
+    runs = {
+        (e["values"]["checkpoint.segments"], e["values"]["checkpoint.preserve_rng_state"], e["values"]["amp"]): e
+        for e in exps
+        if e["role"] == "run"
+    }
+    assert set(base) == {"off", "bf16"} and len(runs) == 8
+    combos = [(rng, amp) for rng in (True, False) for amp in ("off", "bf16")]
+
+    def label(rng, amp):
+        return f"rng={'on' if rng else 'off'} amp={amp}"
+
+    def chart(name):
+        r = client.get(f"/api/sweeps/{sid}/charts/{name}")
+        assert r.status_code == 200, r.text
+        fig = r.json()
+        assert "layout" in fig
+        return {t["name"]: t for t in fig["data"]}
+
+    memory = chart("memory_vs_segments")
+    expected = {f"{kind} {label(rng, amp)}" for kind in ("activation", "peak") for rng, amp in combos}
+    assert expected | {"segment law amp=off", "segment law amp=bf16"} == set(memory)
+    for rng, amp in combos:
+        trace = memory[f"activation {label(rng, amp)}"]
+        assert trace["x"] == [2, 4]
+        assert trace["y"] == [runs[(n, rng, amp)]["summary"]["activation_bytes"] for n in (2, 4)]
+        peak = memory[f"peak {label(rng, amp)}"]
+        assert peak["y"] == [runs[(n, rng, amp)]["summary"]["peak_allocated_bytes"] for n in (2, 4)]
+    for amp in ("off", "bf16"):
+        law = memory[f"segment law amp={amp}"]
+        a = base[amp]["summary"]["activation_bytes"] / 8
+        # retained(N) = (N-1)*b + last*a with b = a, depth 8: N=1 -> 8a, 2 -> 5a, 3 -> 6a, 4 -> 5a
+        assert law["x"] == [1, 2, 3, 4]
+        assert law["y"] == pytest.approx([8 * a, 5 * a, 6 * a, 5 * a])
+    # Checkpointing 8 blocks in 4 segments retains less than not checkpointing at all.
+    assert runs[(4, True, "off")]["summary"]["activation_bytes"] < base["off"]["summary"]["activation_bytes"]
+
+    time_chart = chart("time_vs_segments")
+    assert set(time_chart) == {f"overhead {label(rng, amp)}" for rng, amp in combos}
+    for rng, amp in combos:
+        t_base = base[amp]["summary"]["step_time_ms"]
+        want = [100 * (runs[(n, rng, amp)]["summary"]["step_time_ms"] / t_base - 1) for n in (2, 4)]
+        assert time_chart[f"overhead {label(rng, amp)}"]["y"] == pytest.approx(want)
+
+    pareto = chart("pareto")
+    assert set(pareto) == {"baseline", "runs", "pareto frontier"}
+    assert len(pareto["runs"]["x"]) == 8 and len(pareto["baseline"]["x"]) == 2
+    front = list(zip(pareto["pareto frontier"]["x"], pareto["pareto frontier"]["y"], strict=True))
+    xs, ys = pareto["runs"]["x"] + pareto["baseline"]["x"], pareto["runs"]["y"] + pareto["baseline"]["y"]
+    points = list(zip(xs, ys, strict=True))
+    assert front and all(not (x < fx and y < fy) for fx, fy in front for x, y in points)
+
+    correctness = chart("correctness")
+    assert set(correctness) == {"grad_max_abs_diff"}
+    bars = correctness["grad_max_abs_diff"]
+    assert len(bars["x"]) == 8
+    by_label = dict(zip(bars["x"], bars["y"], strict=True))
+    for (n, rng, amp), e in runs.items():
+        assert by_label[f"segments={n} {label(rng, amp)}"] == e["summary"].get("grad_max_abs_diff")
+
+    results = client.get(f"/api/sweeps/{sid}/results").json()
+    assert len(results["data"]) == 10 and results["axes"] == list(axes)
+    row = next(r for r in results["data"] if r["values"] == {"checkpoint.segments": 4, **_rng_amp(True, "off")})
+    assert row["baseline_id"] == base["off"]["id"]
+    assert row["metrics"]["activation_saving_pct"] > 0
+    csv_rows = list(csv.DictReader(io.StringIO(client.get(f"/api/sweeps/{sid}/results?format=csv").text)))
+    assert len(csv_rows) == 10 and {"checkpoint.segments", "amp", "overhead_pct"} <= set(csv_rows[0])
+
+    events = parse_sse(client.get(f"/api/sweeps/{sid}/events").text)
+    assert sum(e.event == "step" for e in events) == 10 * 3
+    assert events[-1].event == "end"
+
+
+def _rng_amp(rng, amp):
+    return {"checkpoint.preserve_rng_state": rng, "amp": amp}
