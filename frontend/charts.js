@@ -1,0 +1,366 @@
+/* Plotly figures: the per-step charts of one experiment, and the sweep figures the API
+ * builds, restyled here (Okabe-Ito colours, binary byte units, WebGL above 1,000 points). */
+
+import { COLORWAY, OKABE_ITO, byteUnit, fmtBytes } from './util.js';
+
+/** Above this many points a chart uses WebGL traces (scattergl). */
+export const GL_THRESHOLD = 1000;
+
+export const PLOT_CONFIG = {
+  displaylogo: false,
+  responsive: true,
+  modeBarButtonsToRemove: ['select2d', 'lasso2d', 'autoScale2d'],
+  toImageButtonOptions: { format: 'png', scale: 2 },
+};
+
+const FONT = { family: 'system-ui, -apple-system, "Segoe UI", Roboto, sans-serif', size: 12.5, color: '#1f2328' };
+
+export function baseLayout(extra = {}) {
+  return {
+    margin: { l: 64, r: 18, t: 16, b: 48 },
+    font: FONT,
+    paper_bgcolor: 'rgba(0,0,0,0)',
+    plot_bgcolor: '#fff',
+    colorway: COLORWAY,
+    legend: { orientation: 'h', x: 0, y: 1.02, yanchor: 'bottom', font: { size: 12 } },
+    hoverlabel: { font: { family: FONT.family, size: 12 } },
+    xaxis: { gridcolor: '#eceef1', zeroline: false, linecolor: '#c8ccd2', automargin: true },
+    yaxis: { gridcolor: '#eceef1', zeroline: false, linecolor: '#c8ccd2', rangemode: 'tozero', automargin: true },
+    ...extra,
+  };
+}
+
+function nPoints(traces) {
+  return traces.reduce((n, t) => n + ((t.x && t.x.length) || (t.y && t.y.length) || 0), 0);
+}
+
+/**
+ * Drops the inner points of runs of equal y (a flat stretch keeps its two ends): the line
+ * and its fill look the same, and WebGL fills of long flat runs (parameters, optimizer
+ * state never change between steps) stay cheap to triangulate.
+ */
+export function dropFlatRuns(trace) {
+  const { x, y } = trace;
+  if (!x || !y || x.length < 3) return trace;
+  const keep = [];
+  for (let i = 0; i < y.length; i += 1) {
+    if (i === 0 || i === y.length - 1 || y[i] !== y[i - 1] || y[i] !== y[i + 1]) keep.push(i);
+  }
+  if (keep.length === y.length) return trace;
+  const pick = (arr) => (Array.isArray(arr) && arr.length === y.length ? keep.map((i) => arr[i]) : arr);
+  return { ...trace, x: pick(x), y: pick(y), customdata: pick(trace.customdata) };
+}
+
+/** scatter -> scattergl when the figure holds more than GL_THRESHOLD points. */
+export function glify(traces) {
+  if (nPoints(traces) <= GL_THRESHOLD) return traces;
+  return traces.map((t) => ((t.type || 'scatter') === 'scatter' ? dropFlatRuns({ ...t, type: 'scattergl' }) : t));
+}
+
+// ------------------------------------------------------------------ one experiment
+
+export const CATEGORIES = [
+  ['parameters', 'parameters', OKABE_ITO.blue],
+  ['gradients', 'gradients', OKABE_ITO.orange],
+  ['optimizer_state', 'optimizer state', OKABE_ITO.green],
+  ['activations', 'activations', OKABE_ITO.vermillion],
+  ['other', 'other', OKABE_ITO.sky],
+];
+
+function stepAxis(spec, steps, n) {
+  const last = Math.max(n, (spec && spec.steps) || 1);
+  return {
+    title: { text: 'step' },
+    tickformat: 'd',
+    dtick: last <= 15 ? 1 : undefined,
+    range: [0.5, last + 0.5],
+  };
+}
+
+function warmupShape(spec) {
+  const warm = (spec && spec.warmup_steps) || 0;
+  if (!warm) return [];
+  return [{
+    type: 'rect', xref: 'x', yref: 'paper', x0: 0.5, x1: warm + 0.5, y0: 0, y1: 1,
+    fillcolor: '#8c8c8c', opacity: 0.12, line: { width: 0 }, layer: 'below',
+  }];
+}
+
+function emptyNote(steps, finished) {
+  if (steps.length) return [];
+  return [{
+    xref: 'paper', yref: 'paper', x: 0.5, y: 0.5, showarrow: false,
+    text: finished ? 'no steps were recorded' : 'waiting for the first step…',
+    font: { size: 14, color: '#6b7280' },
+  }];
+}
+
+/**
+ * Memory per step: what was live at the step's peak, stacked by category (from each step's
+ * extra.memory_at_peak), with the peak allocated as a line; allocated/peak lines when the
+ * steps carry no breakdown.
+ */
+export function memoryFigure(spec, steps, finished) {
+  const gl = steps.length > GL_THRESHOLD;
+  const type = gl ? 'scattergl' : 'scatter';
+  const maxBytes = Math.max(1, ...steps.map((s) => s.peak_allocated_bytes || 0), ...steps.map((s) => s.reserved_bytes || 0));
+  const [div, unit] = byteUnit(maxBytes);
+  const scale = (v) => (v === null || v === undefined ? null : v / div);
+  const markers = steps.length <= 60;
+  const withBreakdown = steps.filter((s) => s.extra && s.extra.memory_at_peak);
+  const traces = [];
+  if (withBreakdown.length) {
+    const x = withBreakdown.map((s) => s.step);
+    const cum = new Array(withBreakdown.length).fill(0);
+    CATEGORIES.forEach(([key, label, color], i) => {
+      const vals = withBreakdown.map((s) => Number(s.extra.memory_at_peak[key]) || 0);
+      vals.forEach((v, j) => { cum[j] += v; });
+      const trace = {
+        type, mode: 'lines', name: label, x, y: cum.map(scale),
+        fill: i === 0 ? 'tozeroy' : 'tonexty',
+        line: { color, width: 1 }, fillcolor: `${color}B3`,
+        customdata: vals.map((v) => fmtBytes(v)),
+        hovertemplate: `%{customdata}<extra>${label}</extra>`,
+      };
+      traces.push(gl ? dropFlatRuns(trace) : trace);
+    });
+  }
+  const line = (key, name, color, dash) => {
+    const trace = {
+      type, mode: markers ? 'lines+markers' : 'lines', name,
+      x: steps.map((s) => s.step), y: steps.map((s) => scale(s[key])),
+      customdata: steps.map((s) => fmtBytes(s[key])),
+      hovertemplate: `%{customdata}<extra>${name}</extra>`,
+      line: { color, width: 2, dash: dash || 'solid' }, marker: { size: 5 },
+    };
+    return gl ? dropFlatRuns(trace) : trace;
+  };
+  if (!withBreakdown.length) traces.push(line('allocated_bytes', 'allocated (end of forward)', OKABE_ITO.blue));
+  traces.push(line('peak_allocated_bytes', 'peak allocated', OKABE_ITO.black, withBreakdown.length ? 'dot' : 'solid'));
+  if (steps.some((s) => s.reserved_bytes !== null && s.reserved_bytes !== undefined)) {
+    traces.push(line('reserved_bytes', 'reserved (CUDA cache)', OKABE_ITO.purple, 'dash'));
+  }
+  const layout = baseLayout({
+    hovermode: 'x unified',
+    xaxis: { ...baseLayout().xaxis, ...stepAxis(spec, steps, steps.length ? steps[steps.length - 1].step : 0) },
+    yaxis: { ...baseLayout().yaxis, title: { text: `memory (${unit})` } },
+    shapes: warmupShape(spec),
+    annotations: emptyNote(steps, finished),
+  });
+  return { data: traces, layout };
+}
+
+/** Time per step: forward/backward/optimizer stacked bars and the whole step as a line. */
+export function timeFigure(spec, steps, finished) {
+  const gl = steps.length > GL_THRESHOLD;
+  const x = steps.map((s) => s.step);
+  const phases = [
+    ['forward_ms', 'forward', OKABE_ITO.sky],
+    ['backward_ms', 'backward', OKABE_ITO.orange],
+    ['optimizer_ms', 'optimizer', OKABE_ITO.green],
+  ];
+  let traces;
+  if (!gl) {
+    traces = phases.map(([key, name, color]) => ({
+      type: 'bar', name, x, y: steps.map((s) => s[key]), marker: { color },
+      hovertemplate: `%{y:.2f} ms<extra>${name}</extra>`,
+    }));
+  } else {
+    // WebGL has no stacked bars: stacked filled areas instead.
+    const cum = new Array(steps.length).fill(0);
+    traces = phases.map(([key, name, color], i) => {
+      const vals = steps.map((s) => Number(s[key]) || 0);
+      vals.forEach((v, j) => { cum[j] += v; });
+      return dropFlatRuns({
+        type: 'scattergl', mode: 'lines', name, x, y: cum.slice(), fill: i === 0 ? 'tozeroy' : 'tonexty',
+        line: { color, width: 1 }, customdata: vals, hovertemplate: `%{customdata:.2f} ms<extra>${name}</extra>`,
+      });
+    });
+  }
+  const stepLine = {
+    type: gl ? 'scattergl' : 'scatter', mode: steps.length <= 60 ? 'lines+markers' : 'lines', name: 'step',
+    x, y: steps.map((s) => s.step_ms), line: { color: OKABE_ITO.black, width: 2 }, marker: { size: 5 },
+    hovertemplate: '%{y:.2f} ms<extra>step</extra>',
+  };
+  traces.push(gl ? dropFlatRuns(stepLine) : stepLine);
+  const layout = baseLayout({
+    barmode: 'stack',
+    hovermode: 'x unified',
+    xaxis: { ...baseLayout().xaxis, ...stepAxis(spec, steps, steps.length ? steps[steps.length - 1].step : 0) },
+    yaxis: { ...baseLayout().yaxis, title: { text: 'time (ms)' } },
+    shapes: warmupShape(spec),
+    annotations: emptyNote(steps, finished),
+  });
+  layout.legend.traceorder = 'normal';
+  return { data: traces, layout };
+}
+
+// ------------------------------------------------------------------ sweep figures
+
+const SERVER_COLORS = { seagreen: OKABE_ITO.green, crimson: OKABE_ITO.vermillion, grey: OKABE_ITO.grey, gray: OKABE_ITO.grey };
+
+function titleText(t) {
+  return (t && (typeof t === 'string' ? t : t.text)) || '';
+}
+
+/** Scales an axis given in bytes to the binary unit that suits it (MiB, GiB, ...). */
+function scaleByteAxis(data, layout, axis) {
+  const key = `${axis}axis`;
+  const title = titleText(layout[key] && layout[key].title);
+  if (!/bytes/i.test(title)) return;
+  const vals = data.flatMap((t) => (t[axis] || []).filter((v) => typeof v === 'number'));
+  if (!vals.length) return;
+  const [div, unit] = byteUnit(Math.max(...vals.map(Math.abs)));
+  for (const t of data) {
+    if (!t[axis]) continue;
+    t[axis] = t[axis].map((v) => (typeof v === 'number' ? v / div : v));
+    const fmt = `%{${axis}:.3~f} ${unit}`;
+    if (t.hovertemplate) t.hovertemplate = t.hovertemplate.replace(new RegExp(`%\\{${axis}:[^}]*\\}B`, 'g'), fmt);
+    else t.hovertemplate = `${fmt}<extra>%{fullData.name}</extra>`;
+  }
+  layout[key] = { ...layout[key], title: { text: title.replace(/\(bytes\)/i, `(${unit})`).replace(/^bytes$/i, `memory (${unit})`) } };
+}
+
+/**
+ * A figure of GET /api/sweeps/{id}/charts/{name}, restyled: Okabe-Ito colours (one colour
+ * per legend group, so "activation X" and "peak X" match), byte axes in binary units,
+ * WebGL traces above GL_THRESHOLD points. Trace names are kept as the API gives them.
+ */
+export function sweepFigure(name, fig) {
+  const data = JSON.parse(JSON.stringify(fig.data || []));
+  const server = fig.layout || {};
+  const groups = [];
+  for (const t of data) {
+    if (t.legendgroup && !groups.includes(t.legendgroup)) groups.push(t.legendgroup);
+  }
+  let next = 0;
+  for (const t of data) {
+    const fixed = t.line && t.line.color;
+    if (fixed && SERVER_COLORS[fixed]) {
+      t.line = { ...t.line, color: SERVER_COLORS[fixed] };
+      continue;
+    }
+    if (t.marker && Array.isArray(t.marker.color)) {
+      t.marker = { ...t.marker, color: t.marker.color.map((c) => SERVER_COLORS[c] || c) };
+      continue;
+    }
+    if (fixed) continue;
+    const color = t.legendgroup ? COLORWAY[groups.indexOf(t.legendgroup) % COLORWAY.length] : COLORWAY[next++ % COLORWAY.length];
+    if (t.type === 'bar') t.marker = { ...(t.marker || {}), color };
+    else {
+      t.line = { ...(t.line || {}), color };
+      t.marker = { ...(t.marker || {}), color };
+    }
+  }
+  if (name === 'pareto') {
+    for (const t of data) {
+      if (t.name === 'pareto frontier') {
+        t.line = { ...(t.line || {}), color: OKABE_ITO.black, width: 1.5, dash: 'dot' };
+        t.marker = { ...(t.marker || {}), color: OKABE_ITO.yellow, line: { color: OKABE_ITO.black, width: 1 } };
+      } else {
+        t.marker = { ...(t.marker || {}), size: 10, symbol: t.name === 'baseline' ? 'square' : 'circle' };
+      }
+    }
+  }
+  if (name === 'correctness') {
+    for (const t of data) if (t.type === 'bar') t.textposition = 'outside';
+  }
+  const layout = baseLayout({
+    title: { text: titleText(server.title), x: 0, xanchor: 'left', font: { size: 14, color: '#1f2328' } },
+    margin: { l: 64, r: 18, t: 40, b: 64 },
+    hovermode: server.hovermode || 'closest',
+    xaxis: { ...baseLayout().xaxis, title: (server.xaxis || {}).title },
+    yaxis: { ...baseLayout().yaxis, title: (server.yaxis || {}).title },
+    legend: { orientation: 'h', x: 0, y: -0.3, yanchor: 'top', font: { size: 11.5 } },
+  });
+  layout.xaxis.title = { ...(layout.xaxis.title || {}), standoff: 4 };
+  if (name === 'memory_vs_segments' || name === 'time_vs_segments') {
+    // Segment counts are few integers, often powers of two: tick exactly at them.
+    const xs = [...new Set(data.flatMap((t) => t.x || []).filter((v) => typeof v === 'number' && v > 0))].sort((a, b) => a - b);
+    const runXs = [...new Set(data.filter((t) => !/law/.test(t.name || '')).flatMap((t) => t.x || []))].sort((a, b) => a - b);
+    layout.xaxis.type = xs.length > 1 && xs[xs.length - 1] / xs[0] >= 8 ? 'log' : 'linear';
+    layout.xaxis.tickmode = 'array';
+    layout.xaxis.tickvals = runXs.length ? [...new Set([...(xs.length <= 12 ? xs : []), ...runXs])].sort((a, b) => a - b) : xs;
+    layout.xaxis.title = { text: 'segments', standoff: 4 };
+  }
+  if (name === 'time_vs_segments') {
+    layout.yaxis.rangemode = 'normal';
+    layout.yaxis.zeroline = true;
+    layout.yaxis.zerolinecolor = '#9aa0a6';
+    layout.yaxis.ticksuffix = '%';
+  }
+  if (name === 'correctness') {
+    layout.yaxis.exponentformat = 'e';
+    layout.yaxis.title = { text: 'max |Δgrad| vs no checkpointing' };
+    layout.xaxis.title = { text: '' };
+    layout.xaxis.automargin = true;
+  }
+  scaleByteAxis(data, layout, 'y');
+  scaleByteAxis(data, layout, 'x');
+  if (!data.length || nPoints(data) === 0) {
+    layout.annotations = [{
+      xref: 'paper', yref: 'paper', x: 0.5, y: 0.5, showarrow: false,
+      text: 'appears as runs succeed', font: { size: 13, color: '#6b7280' },
+    }];
+    layout.xaxis.showticklabels = false;
+    layout.yaxis.showticklabels = false;
+  }
+  return { data: glify(data), layout };
+}
+
+// ------------------------------------------------------------------ long runs
+
+/** The per-step metrics a long run is drawn from (GET /api/experiments/{id}/series). */
+export const SERIES_METRICS = ['peak_allocated_bytes', 'allocated_bytes', 'reserved_bytes', 'forward_ms', 'backward_ms', 'optimizer_ms', 'step_ms'];
+
+/**
+ * Memory and time figures of a long run from downsampled series ({metric: {x, y, total}}):
+ * lines (each series keeps its own spikes, so they cannot be stacked), WebGL above
+ * GL_THRESHOLD points.
+ */
+export function seriesFigures(spec, series) {
+  const sx = (m) => (series[m] && series[m].x) || [];
+  const last = Math.max(0, ...SERIES_METRICS.map((m) => sx(m)[sx(m).length - 1] || 0));
+  const maxBytes = Math.max(1, ...['peak_allocated_bytes', 'reserved_bytes'].flatMap((m) => (series[m] && series[m].y) || []));
+  const [div, unit] = byteUnit(maxBytes);
+  const line = (metric, name, color, { bytes = false, dash = 'solid' } = {}) => {
+    const s = series[metric];
+    if (!s || !s.x.length) return null;
+    return {
+      type: 'scatter', mode: 'lines', name, x: s.x, y: bytes ? s.y.map((v) => v / div) : s.y,
+      line: { color, width: 1.5, dash },
+      customdata: bytes ? s.y.map((v) => fmtBytes(v)) : undefined,
+      hovertemplate: bytes ? `%{customdata}<extra>${name}</extra>` : `%{y:.2f} ms<extra>${name}</extra>`,
+    };
+  };
+  const note = (metric) => {
+    const s = series[metric];
+    return s && s.downsampled ? `${s.x.length.toLocaleString('en-US')} of ${s.total.toLocaleString('en-US')} steps shown (MinMaxLTTB: spikes kept)` : '';
+  };
+  const axis = (title) => ({ ...baseLayout().yaxis, title: { text: title } });
+  const xaxis = { ...baseLayout().xaxis, ...stepAxis(spec, [], last) };
+  const annotation = (text) => (text ? [{
+    xref: 'paper', yref: 'paper', x: 1, y: 0.99, xanchor: 'right', yanchor: 'top', showarrow: false, text,
+    bgcolor: 'rgba(255,255,255,0.8)', font: { size: 11, color: '#5f6670' },
+  }] : []);
+  const memory = {
+    data: glify([
+      line('peak_allocated_bytes', 'peak allocated', OKABE_ITO.black, { bytes: true }),
+      line('allocated_bytes', 'allocated (end of forward)', OKABE_ITO.blue, { bytes: true }),
+      line('reserved_bytes', 'reserved (CUDA cache)', OKABE_ITO.purple, { bytes: true, dash: 'dash' }),
+    ].filter(Boolean)),
+    layout: baseLayout({ hovermode: 'x unified', xaxis, yaxis: axis(`memory (${unit})`), shapes: warmupShape(spec), annotations: annotation(note('peak_allocated_bytes')) }),
+  };
+  const time = {
+    data: glify([
+      line('forward_ms', 'forward', OKABE_ITO.sky),
+      line('backward_ms', 'backward', OKABE_ITO.orange),
+      line('optimizer_ms', 'optimizer', OKABE_ITO.green),
+      line('step_ms', 'step', OKABE_ITO.black),
+    ].filter(Boolean)),
+    layout: baseLayout({ hovermode: 'x unified', xaxis, yaxis: axis('time (ms)'), shapes: warmupShape(spec), annotations: annotation(note('step_ms')) }),
+  };
+  memory.layout.legend.traceorder = 'normal';
+  time.layout.legend.traceorder = 'normal';
+  return { memory, time };
+}

@@ -1,0 +1,547 @@
+/* The "New experiment / sweep" form (#/new): presets, every spec option, sweep axes, the
+ * number of runs before submitting, and 422 errors shown next to the field they name. */
+
+import { $, api, detailText, el, modelLabel, setHashParams, strategyLabel } from './util.js';
+import { MODEL_KINDS, DEFAULT_MAX_SWEEP_SIZE, parseBytes, parseList, planSweep } from './plan.js';
+
+const form = $('experiment-form');
+
+/** Presets from the seed documents (docs/domain.md) plus a quick CPU check. */
+export const PRESETS = {
+  mlp72: {
+    spec: {
+      model: { kind: 'mlp', depth: 72, width: 1000, dropout: 0, stem: true },
+      batch_size: 256, steps: 5, warmup_steps: 1, grad_accum_steps: 1,
+      checkpoint: { strategy: 'sequential', segments: 4, use_reentrant: false, preserve_rng_state: true },
+      amp: 'off', optimizer: 'adam', device: 'auto', seed: 0,
+    },
+    axes: { 'checkpoint.segments': '1,2,4,8,16,36' },
+  },
+  resnet: {
+    spec: {
+      model: { kind: 'resnet', depth: 9, channels: 16, image_size: 64, dropout: 0 },
+      batch_size: 8, steps: 5, warmup_steps: 1, grad_accum_steps: 1,
+      checkpoint: { strategy: 'sequential', segments: 3, use_reentrant: false, preserve_rng_state: true },
+      amp: 'off', optimizer: 'adam', device: 'auto', seed: 0,
+    },
+    axes: { 'checkpoint.segments': '1,3,9' },
+  },
+  gpt: {
+    spec: {
+      model: { kind: 'transformer', depth: 6, d_model: 256, heads: 4, seq_len: 256, vocab_size: 1000, dropout: 0 },
+      batch_size: 8, steps: 5, warmup_steps: 1, grad_accum_steps: 1,
+      checkpoint: { strategy: 'per_block', every: 1, policy: 'save_matmuls', use_reentrant: false, preserve_rng_state: true },
+      amp: 'off', optimizer: 'adamw', device: 'auto', seed: 0,
+    },
+    axes: { 'checkpoint.segments': '1,2,3,6', 'checkpoint.every': '1,2,3' },
+  },
+  tiny: {
+    spec: {
+      model: { kind: 'mlp', depth: 8, width: 64, dropout: 0, stem: true },
+      batch_size: 16, steps: 3, warmup_steps: 1, grad_accum_steps: 1,
+      checkpoint: { strategy: 'sequential', segments: 2, use_reentrant: false, preserve_rng_state: true },
+      amp: 'off', optimizer: 'adam', device: 'cpu', seed: 0,
+    },
+    axes: { 'checkpoint.segments': '2,4' },
+  },
+};
+
+const AXIS_NAMES = {
+  'checkpoint.strategy': ['strategy', 'strategies'],
+  'checkpoint.segments': ['segment count', 'segment counts'],
+  'checkpoint.every': ['group size', 'group sizes'],
+  'checkpoint.preserve_rng_state': ['RNG setting', 'RNG settings'],
+  'checkpoint.use_reentrant': ['reentrant setting', 'reentrant settings'],
+  amp: ['AMP mode', 'AMP modes'],
+  batch_size: ['batch size', 'batch sizes'],
+};
+
+let navigate = (hash) => { location.hash = hash; };
+let onSweepCreated = () => {};
+let planTimer = null;
+
+function isSweep() {
+  return form.elements.namedItem('mode').value === 'sweep';
+}
+
+function kind() {
+  return $('model.kind').value;
+}
+
+/** Enabled controls whose name is a spec path (not the mode, the sweep name or an axis). */
+function specControls() {
+  return Array.from(form.querySelectorAll('[name]')).filter(
+    (c) => c.name !== 'mode' && c.name !== 'name' && !c.name.startsWith('axes.') && !c.matches(':disabled'),
+  );
+}
+
+function setPath(obj, path, value) {
+  const parts = path.split('.');
+  let node = obj;
+  for (const p of parts.slice(0, -1)) node = node[p] = node[p] || {};
+  node[parts[parts.length - 1]] = value;
+}
+
+/**
+ * The spec the form describes, and client-side errors for inputs that cannot be turned
+ * into JSON at all (the server validates everything else and answers 422).
+ * @returns {{spec: object, errors: {input: Element, msg: string}[]}}
+ */
+function readSpec() {
+  const spec = {};
+  const errors = [];
+  for (const c of specControls()) {
+    const raw = c.type === 'checkbox' ? null : c.value.trim();
+    let v;
+    switch (c.dataset.type) {
+      case 'bool':
+        v = c.checked;
+        break;
+      case 'int':
+      case 'float':
+        if (raw === '') v = null; // the server names the field in its 422
+        else v = Number(raw);
+        break;
+      case 'optfloat':
+        if (raw === '') continue;
+        v = Number(raw);
+        break;
+      case 'bytes':
+        if (raw === '') continue;
+        v = parseBytes(raw);
+        if (v === null) {
+          errors.push({ input: c, msg: 'not a size: use bytes or units such as 512 MiB, 24 GiB' });
+          continue;
+        }
+        break;
+      case 'json':
+        try {
+          v = JSON.parse(raw || '{}');
+        } catch (_) {
+          errors.push({ input: c, msg: 'not valid JSON, e.g. {"hidden": 512}' });
+          continue;
+        }
+        break;
+      default:
+        v = raw === null ? c.value : raw;
+    }
+    setPath(spec, c.name, v);
+  }
+  return { spec, errors };
+}
+
+/** The sweep axes ticked in the form, and errors for lists that do not parse. */
+function readAxes() {
+  const axes = {};
+  const errors = [];
+  for (const toggle of form.querySelectorAll('[data-axis]')) {
+    if (!toggle.checked) continue;
+    const path = toggle.dataset.axis;
+    const box = toggle.closest('.axis');
+    const list = box.querySelector('[data-list]');
+    if (list) {
+      const { values, error } = parseList(list.value, list.dataset.list);
+      if (error) errors.push({ input: list, msg: error });
+      else axes[path] = values;
+    } else {
+      const values = Array.from(box.querySelectorAll('[data-axis-value]:checked'), (c) =>
+        c.value === 'true' ? true : c.value === 'false' ? false : c.value,
+      );
+      if (!values.length) errors.push({ input: box, msg: 'tick at least one value' });
+      else axes[path] = values;
+    }
+  }
+  return { axes, errors };
+}
+
+function autoName(spec, axes) {
+  const names = Object.keys(axes).map((p) => (AXIS_NAMES[p] ? AXIS_NAMES[p][0].split(' ')[0] : p.split('.').pop()));
+  return `${modelLabel(spec)} · ${names.join(' × ') || 'sweep'}`;
+}
+
+// ------------------------------------------------------------------ dependent fields
+
+/** Shows the model kind's fields, and the checkpoint knobs the chosen strategies use. */
+function syncVisibility() {
+  const k = kind();
+  for (const g of form.querySelectorAll('.kind-group')) {
+    const on = g.dataset.kind === k;
+    g.hidden = !on;
+    g.disabled = !on;
+  }
+  const strategies = new Set();
+  if (isSweep() && $('axis-strategy').checked) {
+    for (const c of form.querySelectorAll('[data-axis-value="checkpoint.strategy"]:checked')) strategies.add(c.value);
+  } else {
+    strategies.add($('checkpoint.strategy').value);
+  }
+  for (const node of form.querySelectorAll('[data-strategies]')) {
+    const on = node.dataset.strategies.split(' ').some((s) => strategies.has(s));
+    node.hidden = !on;
+    for (const c of node.querySelectorAll('input, select')) c.disabled = !on;
+  }
+  // A base field that a ticked axis sets is not sent (the axis gives each run its value).
+  for (const f of form.querySelectorAll('.field.by-axis')) f.classList.remove('by-axis');
+  if (isSweep()) {
+    for (const toggle of form.querySelectorAll('[data-axis]:checked')) {
+      const base = form.querySelector(`[name="${toggle.dataset.axis}"]`);
+      if (!base) continue;
+      base.disabled = true;
+      base.closest('.field').classList.add('by-axis');
+    }
+  }
+  for (const name of ['checkpoint.strategy', 'amp', 'batch_size']) {
+    const c = form.querySelector(`[name="${name}"]`);
+    if (!c.closest('.field').classList.contains('by-axis')) c.disabled = false;
+  }
+  form.classList.toggle('is-sweep', isSweep());
+  for (const axis of form.querySelectorAll('.axis')) {
+    const toggle = axis.querySelector('[data-axis]');
+    axis.classList.toggle('on', toggle.checked);
+    for (const c of axis.querySelectorAll('.axis-values input')) c.disabled = !toggle.checked || !isSweep();
+  }
+  $('sweep-name').disabled = !isSweep();
+}
+
+/** Ticking an axis whose knob the base strategy ignores switches the strategy to one that uses it. */
+function onAxisToggle(toggle) {
+  if (!toggle.checked || $('axis-strategy').checked) return;
+  const strategy = $('checkpoint.strategy');
+  if (toggle.dataset.axis === 'checkpoint.segments' && strategy.value !== 'sequential') strategy.value = 'sequential';
+  if (toggle.dataset.axis === 'checkpoint.every' && !['per_block', 'selective'].includes(strategy.value)) {
+    strategy.value = 'per_block';
+  }
+  if (['checkpoint.preserve_rng_state', 'checkpoint.use_reentrant'].includes(toggle.dataset.axis) && strategy.value === 'none') {
+    strategy.value = 'sequential';
+  }
+}
+
+// ------------------------------------------------------------------ run count
+
+function plural(n, pair) {
+  return `${n} ${n === 1 ? pair[0] : pair[1]}`;
+}
+
+function valuesText(values) {
+  return Object.entries(values)
+    .map(([p, v]) => `${p.replace('checkpoint.', '')}=${typeof v === 'boolean' ? (v ? 'on' : 'off') : v}`)
+    .join(' ');
+}
+
+/** Recomputes and shows what will be queued (planSweep mirrors the server's planner). */
+function updatePlan() {
+  syncVisibility();
+  const box = $('run-count');
+  const notes = $('plan-notes');
+  const noteItems = [];
+  const { spec } = readSpec();
+  const button = $('submit');
+  if (!isSweep()) {
+    box.dataset.total = '1';
+    box.replaceChildren(
+      el('div', { class: 'big' }, el('strong', { id: 'run-count-total' }, '1'), ' experiment'),
+      el('div', { class: 'muted small' }, `${modelLabel(spec)} · ${strategyLabel(spec)} · batch ${spec.batch_size ?? '?'} · ${spec.steps ?? '?'} steps on ${spec.device}`),
+    );
+    notes.replaceChildren();
+    button.textContent = 'Run experiment';
+    $('request-preview').textContent = JSON.stringify(spec, null, 2);
+    return;
+  }
+  const { axes, errors } = readAxes();
+  const paths = Object.keys(axes);
+  $('request-preview').textContent = JSON.stringify({ name: $('sweep-name').value.trim() || autoName(spec, axes), base: spec, axes }, null, 2);
+  if (errors.length || !paths.length) {
+    box.dataset.total = '';
+    box.replaceChildren(
+      el('div', { class: 'big' }, el('strong', { id: 'run-count-total' }, '–'), ' experiments'),
+      el('div', { class: 'muted small' }, errors.length ? 'fix the axes listed below' : 'tick at least one axis to vary'),
+    );
+    notes.replaceChildren(...errors.map((e) => {
+      const axis = e.input.closest('.axis');
+      const label = axis ? axis.querySelector('.axis-toggle').textContent.trim() : 'axes';
+      return el('li', { class: 'bad' }, `${label}: ${e.msg}`);
+    }));
+    button.textContent = 'Submit sweep';
+    return;
+  }
+  const plan = planSweep(spec, axes);
+  const total = plan.runs.length;
+  const runs = plan.runs.filter((r) => !r.baseline).length;
+  const baselines = total - runs;
+  const factors = paths.map((p) => plural(axes[p].length, AXIS_NAMES[p] || ['value', 'values']));
+  box.dataset.total = plan.tooLarge || plan.axisErrors.length ? '' : String(total);
+  if (plan.tooLarge) {
+    box.replaceChildren(
+      el('div', { class: 'big bad' }, el('strong', { id: 'run-count-total' }, String(plan.combinations + plan.baselines)), ' experiments'),
+      el('div', { class: 'small' }, `${factors.join(' × ')}: over the server's default limit of ${DEFAULT_MAX_SWEEP_SIZE} per sweep`),
+    );
+  } else {
+    box.replaceChildren(
+      el('div', { class: 'big' }, el('strong', { id: 'run-count-total' }, String(total)), total === 1 ? ' experiment' : ' experiments'),
+      el('div', { class: 'muted small' }, `${modelLabel(spec)} · batch ${spec.batch_size ?? 'varied'} · ${spec.steps ?? '?'} steps on ${spec.device}`),
+      el('div', { class: 'small' },
+        `${plural(runs, ['run', 'runs'])} (${factors.join(' × ')}) + ${plural(baselines, ['baseline', 'baselines'])} `,
+        el('span', { class: 'muted' }, `(strategy none, one per ${plan.baselines > 1 ? 'combination of AMP / batch size' : 'sweep'})`)),
+    );
+  }
+  for (const e of plan.axisErrors) noteItems.push(el('li', { class: 'bad' }, e.msg));
+  if (plan.duplicates) {
+    noteItems.push(el('li', null, `${plural(plan.duplicates, ['combination is', 'combinations are'])} the same spec as another run and queued once.`));
+  }
+  const invalidRuns = plan.invalid.filter((i) => !i.baseline);
+  if (invalidRuns.length && !plan.noValid) {
+    const ex = invalidRuns[0];
+    noteItems.push(el('li', { class: 'warn' },
+      `${plural(invalidRuns.length, ['combination is', 'combinations are'])} invalid and will not be queued, e.g. `,
+      el('code', null, valuesText(ex.values)), `: ${ex.errors[0].msg}.`));
+  }
+  const invalidBase = plan.invalid.filter((i) => i.baseline);
+  if (invalidBase.length && !plan.noValid) {
+    noteItems.push(el('li', { class: 'warn' }, `${plural(invalidBase.length, ['baseline is', 'baselines are'])} invalid: ${invalidBase[0].errors[0].msg}.`));
+  }
+  if (plan.noValid) {
+    const ex = plan.invalid.find((i) => !i.baseline) || plan.invalid[0];
+    noteItems.push(el('li', { class: 'bad' }, `No valid combination${ex ? `: ${ex.errors[0].loc.join('.')}: ${ex.errors[0].msg}` : ''}.`));
+  }
+  notes.replaceChildren(...noteItems);
+  button.textContent = plan.tooLarge || plan.noValid ? 'Submit sweep' : `Submit sweep (${total} runs)`;
+}
+
+function schedulePlan() {
+  clearTimeout(planTimer);
+  planTimer = setTimeout(updatePlan, 30);
+}
+
+// ------------------------------------------------------------------ errors
+
+function fieldOf(node) {
+  return node.closest('.field') || node.parentElement;
+}
+
+function clearFieldError(node) {
+  const field = fieldOf(node);
+  field.querySelectorAll('.field-error').forEach((n) => n.remove());
+  field.querySelectorAll('[aria-invalid]').forEach((n) => n.removeAttribute('aria-invalid'));
+  if (field.hasAttribute('aria-invalid')) field.removeAttribute('aria-invalid');
+}
+
+export function clearErrors() {
+  form.querySelectorAll('.field-error').forEach((n) => n.remove());
+  form.querySelectorAll('[aria-invalid]').forEach((n) => {
+    n.removeAttribute('aria-invalid');
+    n.removeAttribute('aria-describedby');
+  });
+  const box = $('form-error');
+  box.replaceChildren();
+  box.hidden = true;
+}
+
+function showFormError(...lines) {
+  const box = $('form-error');
+  box.append(lines.length === 1 ? el('p', null, lines[0]) : el('ul', null, lines.map((l) => el('li', null, l))));
+  box.hidden = false;
+}
+
+/** A message under `target` (an input, or an axis box of checkboxes), marked invalid. */
+function markError(target, msg) {
+  const field = fieldOf(target);
+  const n = field.querySelectorAll('.field-error').length;
+  const errId = `${target.id || field.dataset.name || 'field'}-error-${n}`.replace(/[^\w-]/g, '_');
+  field.append(el('p', { class: 'field-error', id: errId }, msg));
+  const input = target.matches('input, select, textarea') ? target : target.querySelector('.axis-values input') || target;
+  input.setAttribute('aria-invalid', 'true');
+  const described = input.getAttribute('aria-describedby');
+  input.setAttribute('aria-describedby', described ? `${described} ${errId}` : errId);
+  return input;
+}
+
+/** The control a spec path names ("model.width", "axes.amp", "name"), or null. */
+function controlFor(path) {
+  const sel = CSS.escape(path);
+  const candidates = [...form.querySelectorAll(`[name="${sel}"]`), ...form.querySelectorAll(`[data-name="${sel}"]`)];
+  for (const c of candidates) if (!c.matches(':disabled') && !c.closest('[hidden]')) return c;
+  return null;
+}
+
+/**
+ * A 422 `loc` -> the form path it names. Experiments: ["body", "model", "mlp", "width"]
+ * (pydantic puts the union tag in); sweeps: ["body", "base", "checkpoint", "segments"],
+ * ["body", "axes", "checkpoint.segments"], ["body", "name"].
+ */
+export function pathOfLoc(loc) {
+  const l = Array.isArray(loc) ? loc.slice() : [];
+  if (l[0] === 'body') l.shift();
+  if (l[0] === 'axes') return l.length > 1 ? `axes.${l[1]}` : 'axes';
+  if (l[0] === 'base') l.shift();
+  if (l[0] === 'model' && l.length > 2 && MODEL_KINDS.includes(l[1])) l.splice(1, 1);
+  return l.join('.');
+}
+
+function showValidationErrors(detail) {
+  const general = [];
+  let first = null;
+  for (const item of detail) {
+    const path = pathOfLoc(item.loc);
+    const msg = item.msg || JSON.stringify(item);
+    // The exact control, else the nearest enclosing one ("model.options.x" -> "model.options").
+    let target = null;
+    const parts = path.split('.');
+    for (let i = parts.length; i > 0 && !target; i -= 1) target = controlFor(parts.slice(0, i).join('.'));
+    if (!target && path === 'axes') target = form.querySelector('[data-name="axes"]');
+    if (!target) {
+      general.push(path ? `${path}: ${msg}` : msg);
+      continue;
+    }
+    const input = markError(target, msg);
+    if (!first) first = input;
+  }
+  if (general.length) showFormError(...general);
+  if (first) {
+    const adv = first.closest('details');
+    if (adv) adv.open = true;
+    first.focus();
+  }
+}
+
+// ------------------------------------------------------------------ submit
+
+async function onSubmit(event) {
+  event.preventDefault();
+  clearErrors();
+  const { spec, errors } = readSpec();
+  const sweep = isSweep();
+  const axesRead = sweep ? readAxes() : { axes: {}, errors: [] };
+  const local = [...errors, ...axesRead.errors];
+  if (sweep && !Object.keys(axesRead.axes).length && !axesRead.errors.length) {
+    local.push({ input: form.querySelector('[data-name="axes"]'), msg: 'tick at least one axis to vary' });
+  }
+  if (local.length) {
+    let first = null;
+    for (const e of local) {
+      const input = markError(e.input, e.msg);
+      first = first || input;
+    }
+    first.focus();
+    return;
+  }
+  const button = $('submit');
+  const label = button.textContent;
+  button.disabled = true;
+  button.textContent = 'Submitting…';
+  try {
+    const r = sweep
+      ? await api('/api/sweeps', {
+        json: { name: $('sweep-name').value.trim() || autoName(spec, axesRead.axes), base: spec, axes: axesRead.axes },
+      })
+      : await api('/api/experiments', { json: spec });
+    if (r.ok && r.body && r.body.id !== undefined) {
+      if (sweep) {
+        onSweepCreated(r.body);
+        navigate(`#/sweeps/${r.body.id}`);
+      } else {
+        navigate(`#/experiments/${r.body.id}`);
+      }
+    } else if (r.status === 422 && r.body && Array.isArray(r.body.detail)) {
+      showValidationErrors(r.body.detail);
+    } else {
+      showFormError(`The server refused the ${sweep ? 'sweep' : 'experiment'} (HTTP ${r.status}): ${detailText(r.body)}`);
+    }
+  } catch (err) {
+    showFormError(`Cannot reach the server: ${err.message}`);
+  } finally {
+    button.disabled = false;
+    button.textContent = label;
+  }
+}
+
+// ------------------------------------------------------------------ filling
+
+function setControl(c, v) {
+  if (v === undefined) return;
+  if (c.type === 'checkbox') c.checked = Boolean(v);
+  else if (c.dataset.type === 'json') c.value = JSON.stringify(v ?? {});
+  else c.value = v === null ? '' : String(v);
+}
+
+/** Fills the form from a spec (presets and an experiment's "Copy to form"). */
+export function fillForm(spec, { axes } = {}) {
+  const m = spec.model || {};
+  $('model.kind').value = m.kind || 'mlp';
+  syncVisibility();
+  const group = form.querySelector(`.kind-group[data-kind="${m.kind || 'mlp'}"]`);
+  for (const c of group.querySelectorAll('[name]')) setControl(c, m[c.name.slice('model.'.length)]);
+  const ck = spec.checkpoint || {};
+  $('checkpoint.strategy').value = ck.strategy || 'none';
+  for (const key of ['segments', 'every', 'policy', 'use_reentrant', 'preserve_rng_state']) {
+    setControl($(`checkpoint.${key}`), ck[key]);
+  }
+  for (const key of ['batch_size', 'grad_accum_steps', 'steps', 'warmup_steps', 'optimizer', 'amp', 'device', 'seed',
+    'verify_gradients', 'memory_snapshot', 'timeout_s']) {
+    setControl($(key), spec[key]);
+  }
+  $('memory_limit_bytes').value = spec.memory_limit_bytes ? String(spec.memory_limit_bytes) : '';
+  if (axes) {
+    for (const [path, text] of Object.entries(axes)) {
+      const input = form.querySelector(`[name="axes.${path}"]`);
+      if (input) input.value = text;
+    }
+  }
+  $('sweep-name').value = ''; // named after the model and axes unless the user types a name
+  clearErrors();
+  updatePlan();
+}
+
+function setMode(mode) {
+  form.elements.namedItem('mode').value = mode;
+  setHashParams({ mode: mode === 'sweep' ? 'sweep' : null });
+  clearErrors();
+  updatePlan();
+}
+
+// ------------------------------------------------------------------ view
+
+export function initForm(opts) {
+  navigate = opts.navigate || navigate;
+  onSweepCreated = opts.onSweepCreated || onSweepCreated;
+  form.addEventListener('submit', onSubmit);
+  form.addEventListener('input', (e) => {
+    if (e.target.getAttribute('aria-invalid') === 'true' || fieldOf(e.target).querySelector('.field-error')) {
+      clearFieldError(e.target);
+    }
+    schedulePlan();
+  });
+  form.addEventListener('change', (e) => {
+    if (e.target.name === 'mode') {
+      setMode(e.target.value);
+      return;
+    }
+    if (e.target.dataset.axis) onAxisToggle(e.target);
+    if (fieldOf(e.target).querySelector('.field-error')) clearFieldError(e.target);
+    schedulePlan();
+  });
+  $('reset').addEventListener('click', () => {
+    const mode = form.elements.namedItem('mode').value;
+    form.reset();
+    form.elements.namedItem('mode').value = mode;
+    clearErrors();
+    updatePlan();
+  });
+  for (const b of form.querySelectorAll('[data-preset]')) {
+    b.addEventListener('click', () => {
+      const p = PRESETS[b.dataset.preset];
+      fillForm(p.spec, { axes: p.axes });
+      for (const other of form.querySelectorAll('[data-preset]')) other.classList.toggle('active', other === b);
+    });
+  }
+  updatePlan();
+}
+
+/** Route #/new?mode=sweep&preset=tiny */
+export function showNew(params) {
+  const mode = params.get('mode') === 'sweep' ? 'sweep' : 'experiment';
+  form.elements.namedItem('mode').value = mode;
+  const preset = params.get('preset');
+  if (preset && PRESETS[preset]) fillForm(PRESETS[preset].spec, { axes: PRESETS[preset].axes });
+  document.title = 'ckptlab · new';
+  updatePlan();
+}

@@ -1,0 +1,460 @@
+/* One sweep (#/sweeps/<id>?budget=&overhead=&sort=): progress live from the sweep's event
+ * stream, the API's four charts (updated as runs finish), a sortable table of the runs and
+ * the recommendation for a memory budget. */
+
+import {
+  $, LiveStream, TERMINAL, api, debounce, detailText, el, fmtBytes, fmtDate, fmtDiff, fmtInt, fmtMs, fmtPct, gradBadge,
+  loadPlotly, modelLabel, parseHash, setHashParams, statusBadge,
+} from './util.js';
+import { PLOT_CONFIG, sweepFigure } from './charts.js';
+import { parseBytes, recommend } from './plan.js';
+
+export const CHARTS = [
+  ['memory_vs_segments', 'sweep-chart-memory'],
+  ['time_vs_segments', 'sweep-chart-time'],
+  ['pareto', 'sweep-chart-pareto'],
+  ['correctness', 'sweep-chart-correctness'],
+];
+
+const SHORT = {
+  'checkpoint.preserve_rng_state': 'rng',
+  'checkpoint.use_reentrant': 'reentrant',
+  'checkpoint.segments': 'segments',
+  'checkpoint.strategy': 'strategy',
+  'checkpoint.every': 'every',
+  'checkpoint.policy': 'policy',
+};
+
+let cur = null; // {id, sweep, results, stream, poll, loading, again}
+
+function shortName(path) {
+  return SHORT[path] || path.split('.').pop();
+}
+
+function valueText(v) {
+  if (v === true) return 'on';
+  if (v === false) return 'off';
+  if (v === null || v === undefined) return '—';
+  return typeof v === 'object' ? JSON.stringify(v) : String(v);
+}
+
+function num(v) {
+  return typeof v === 'number' && Number.isFinite(v) ? v : null;
+}
+
+// ------------------------------------------------------------------ header and progress
+
+function renderProgress(p, cancelled) {
+  if (!p) return;
+  $('sweep-progress-text').textContent = `${p.finished} of ${p.total}`;
+  const bar = $('sweep-progress-bar');
+  bar.setAttribute('aria-valuemax', String(p.total));
+  bar.setAttribute('aria-valuenow', String(p.finished));
+  const c = p.counts || {};
+  const parts = [];
+  const frac = (k) => (p.total ? (100 * (c[k] || 0)) / p.total : 0);
+  bar.replaceChildren(
+    el('span', { class: 'seg ok', style: `width:${frac('succeeded')}%` }),
+    el('span', { class: 'seg bad', style: `width:${frac('failed') + frac('oom') + frac('timed_out')}%` }),
+    el('span', { class: 'seg cancelled', style: `width:${frac('cancelled')}%` }),
+    el('span', { class: 'seg running', style: `width:${frac('running')}%` }),
+  );
+  for (const k of ['succeeded', 'running', 'queued', 'failed', 'oom', 'timed_out', 'cancelled']) {
+    if (c[k]) parts.push(`${c[k]} ${k.replace('_', ' ')}`);
+  }
+  $('sweep-counts').textContent = parts.join(' · ');
+  const done = p.finished >= p.total;
+  $('sweep-cancel').hidden = done || cancelled;
+}
+
+function renderHeader(sw) {
+  $('sweep-title').textContent = `Sweep #${sw.id} · ${sw.name}`;
+  document.title = `ckptlab · sweep #${sw.id}`;
+  const axes = Object.entries(sw.axes || {}).map(([p, vs]) => `${shortName(p)} ${vs.map(valueText).join(', ')}`).join(' × ');
+  const base = sw.base || {};
+  const baseText = [modelLabel(base), base.batch_size ? `batch ${base.batch_size}` : null, base.steps ? `${base.steps} steps` : null,
+    base.device || null, base.optimizer || null, base.amp && base.amp !== 'off' ? `amp ${base.amp}` : null].filter(Boolean).join(' · ');
+  const ck = base.checkpoint || {};
+  const strategy = ck.strategy && !(sw.axes || {})['checkpoint.strategy'] ? ` · ${ck.strategy}` : '';
+  $('sweep-desc').replaceChildren(...[
+    el('span', null, 'Axes: ', el('strong', null, axes || '—')), ' · ',
+    el('span', null, 'base: ', baseText, strategy), ' · ',
+    el('span', null, `created ${fmtDate(sw.created_at)}`),
+    sw.cancelled ? el('span', { class: 'badge status-cancelled' }, 'cancelled') : null,
+  ].filter(Boolean));
+  const id = sw.id;
+  $('sweep-downloads').replaceChildren(
+    el('a', { href: `/api/sweeps/${id}/results?format=csv`, download: `sweep-${id}-results.csv`, class: 'button secondary small' }, 'Results CSV'),
+    el('a', { href: `/api/sweeps/${id}/results`, download: `sweep-${id}-results.json`, class: 'button secondary small' }, 'Results JSON'),
+    el('a', { href: `/api/experiments/export?format=csv&sweep_id=${id}`, download: `sweep-${id}-experiments.csv`, class: 'button secondary small' }, 'Experiments CSV'),
+  );
+  renderProgress(sw.progress, sw.cancelled);
+  const invalid = sw.invalid || [];
+  $('sweep-invalid').hidden = invalid.length === 0;
+  $('sweep-invalid-list').replaceChildren(...invalid.map((inv) => el('li', null,
+    el('code', null, Object.entries(inv.values).map(([p, v]) => `${shortName(p)}=${valueText(v)}`).join(' ')),
+    inv.baseline ? ' (baseline)' : '', ': ', inv.errors.map((e) => e.msg).join('; '))));
+}
+
+// ------------------------------------------------------------------ table
+
+function columns(axes) {
+  const cols = [
+    { key: 'id', label: '#', num: true, get: (r) => r.experiment_id },
+    { key: 'role', label: 'role', get: (r) => r.role },
+  ];
+  for (const p of axes) cols.push({ key: `axis:${p}`, label: shortName(p), get: (r) => r.values[p], axis: true });
+  cols.push(
+    { key: 'status', label: 'status', get: (r) => r.status },
+    { key: 'activation', label: 'activations', num: true, bytes: true, get: (r) => r.metrics.activation_bytes },
+    { key: 'saving', label: 'saved', num: true, pct: true, get: (r) => r.metrics.activation_saving_pct },
+    { key: 'peak', label: 'peak', num: true, bytes: true, get: (r) => r.metrics.peak_allocated_bytes },
+    { key: 'recompute', label: 'recompute peak', num: true, bytes: true, get: (r) => r.metrics.recompute_peak_bytes },
+    { key: 'time', label: 'step time', num: true, get: (r) => r.metrics.step_time_ms },
+    { key: 'overhead', label: 'overhead', num: true, pct: true, get: (r) => r.metrics.overhead_pct },
+    { key: 'grad', label: 'gradients', num: false, get: (r) => r.metrics.grad_max_abs_diff },
+  );
+  return cols;
+}
+
+function compare(a, b) {
+  if (a === b) return 0;
+  if (a === null || a === undefined) return 1;
+  if (b === null || b === undefined) return -1;
+  if (typeof a === 'number' && typeof b === 'number') return a - b;
+  return String(a).localeCompare(String(b), 'en', { numeric: true });
+}
+
+function renderTable() {
+  const c = cur;
+  const res = c.results;
+  if (!res) return;
+  const { params } = parseHash();
+  const sort = params.get('sort') || 'id';
+  const desc = sort.startsWith('-');
+  const key = sort.replace(/^-/, '');
+  const cols = columns(res.axes);
+  const col = cols.find((x) => x.key === key) || cols[0];
+  const rows = res.data.slice().sort((a, b) => {
+    const va = col.get(a);
+    const vb = col.get(b);
+    if ((va === null || va === undefined) !== (vb === null || vb === undefined)) return va === null || va === undefined ? 1 : -1;
+    return (desc ? -1 : 1) * compare(va, vb) || a.experiment_id - b.experiment_id;
+  });
+  const table = $('sweep-runs');
+  table.tHead.replaceChildren(el('tr', null, cols.map((x) => el('th', {
+    scope: 'col', class: x.num ? 'num' : null, dataset: { sort: x.key },
+    'aria-sort': x.key === col.key ? (desc ? 'descending' : 'ascending') : 'none', tabindex: 0,
+  }, x.label)), el('th', { scope: 'col' }, 'budget')));
+  const rec = c.rec || {};
+  table.tBodies[0].replaceChildren(...rows.map((r) => {
+    const m = r.metrics;
+    const fits = rec.fitting ? rec.fitting.has(r.experiment_id) : null;
+    const classes = ['clickable'];
+    if (rec.recommended && rec.recommended.experiment_id === r.experiment_id) classes.push('recommended');
+    if (rec.smallest && rec.smallest.experiment_id === r.experiment_id) classes.push('smallest');
+    if (fits === false) classes.push('over-budget');
+    if (fits === true) classes.push('fits');
+    if (r.role === 'baseline') classes.push('baseline');
+    const cells = cols.map((x) => {
+      const v = x.get(r);
+      if (x.key === 'id') return el('td', { class: 'num' }, el('a', { href: `#/experiments/${r.experiment_id}` }, String(v)));
+      if (x.key === 'status') return el('td', { class: 'status' }, statusBadge(v));
+      if (x.key === 'role') return el('td', null, el('span', { class: `role role-${v}` }, v));
+      if (x.key === 'grad') {
+        return el('td', null, r.status === 'succeeded' ? gradBadge(r.gradients_match, m.grad_max_abs_diff) : '',
+          r.status === 'succeeded' && num(v) ? el('span', { class: 'muted small' }, ` ${fmtDiff(v)}`) : '');
+      }
+      if (x.bytes) return el('td', { class: 'num', title: num(v) !== null ? `${fmtInt(v)} bytes` : null }, fmtBytes(v));
+      if (x.pct) return el('td', { class: 'num' }, r.role === 'baseline' ? '—' : fmtPct(v));
+      if (x.key === 'time') return el('td', { class: 'num' }, fmtMs(v));
+      return el('td', null, valueText(v));
+    });
+    const tags = [];
+    if (classes.includes('recommended')) tags.push(el('span', { class: 'tag tag-rec' }, '★ recommended'));
+    if (classes.includes('smallest')) tags.push(el('span', { class: 'tag tag-small', title: `smallest peak within ${fmtPct(c.overhead)} step time` }, `smallest ≤${fmtPct(c.overhead)}`));
+    const budgetCell = el('td', { class: 'budget-cell' },
+      fits === true ? el('span', { class: 'fit yes' }, 'fits') : fits === false ? el('span', { class: 'fit no' }, 'over') : '', ...tags);
+    return el('tr', { dataset: { id: r.experiment_id }, class: classes.join(' '), title: r.label }, cells, budgetCell);
+  }));
+}
+
+// ------------------------------------------------------------------ recommendation
+
+function readInputs() {
+  const raw = $('budget').value.trim();
+  const budget = raw ? parseBytes(raw) : null;
+  const overheadRaw = $('overhead').value.trim();
+  const overhead = overheadRaw === '' ? null : Number(overheadRaw);
+  return { raw, budget, overhead: Number.isFinite(overhead) ? overhead : null };
+}
+
+function pickLine(row, extra) {
+  const m = row.metrics;
+  return [
+    el('a', { href: `#/experiments/${row.experiment_id}`, class: 'pick-label' }, row.role === 'baseline' ? 'no checkpointing (baseline)' : row.label),
+    el('span', { class: 'pick-stats' },
+      `peak ${fmtBytes(m.peak_allocated_bytes)} · ${fmtMs(m.step_time_ms)}/step`,
+      row.role === 'baseline' ? '' : ` (${fmtPct(m.overhead_pct)} time, ${fmtPct(-(m.activation_saving_pct ?? NaN))} activations)`,
+      extra ? ` · ${extra}` : ''),
+  ];
+}
+
+function renderRecommendation() {
+  const c = cur;
+  const { raw, budget, overhead } = readInputs();
+  c.overhead = overhead;
+  const hint = $('budget-hint');
+  $('budget').toggleAttribute('aria-invalid', Boolean(raw) && budget === null);
+  hint.textContent = !raw ? 'peak allocated must fit' : budget === null ? 'not a size: try 24 GiB, 512 MiB or a number of bytes' : `= ${fmtInt(budget)} bytes (${fmtBytes(budget)})`;
+  hint.classList.toggle('bad', Boolean(raw) && budget === null);
+  const rows = (c.results && c.results.data) || [];
+  const rec = recommend(rows, { budget, overheadPct: overhead });
+  c.rec = rec;
+  const recBox = $('pick-recommended');
+  const smallBox = $('pick-smallest');
+  if (!rec.candidates) {
+    recBox.replaceChildren(el('span', { class: 'pick-title' }, 'Recommended'), el('span', { class: 'muted' }, 'appears when runs succeed'));
+    smallBox.replaceChildren();
+  } else {
+    if (budget === null) {
+      recBox.replaceChildren(el('span', { class: 'pick-title' }, 'Recommended'),
+        el('span', { class: 'muted' }, 'type your memory budget (e.g. the card\'s memory) to see what fits and the fastest of it'));
+    } else if (!rec.recommended) {
+      recBox.replaceChildren(el('span', { class: 'pick-title bad' }, `Nothing fits in ${fmtBytes(budget)}`),
+        el('span', null, 'smallest peak: ', ...pickLine(rec.leanest)));
+    } else {
+      const fitOk = rows.filter((r) => rec.fitting.has(r.experiment_id) && r.gradients_match !== false).length;
+      recBox.replaceChildren(el('span', { class: 'pick-title' }, `★ Recommended for ${fmtBytes(budget)}`),
+        ...pickLine(rec.recommended, `fastest of the ${fitOk} of ${rec.candidates} configurations that fit`));
+    }
+    if (rec.excluded) {
+      recBox.append(el('span', { class: 'pick-note warn' },
+        `${rec.excluded} configuration${rec.excluded > 1 ? 's are' : ' is'} never recommended: gradients differ from the run without checkpointing.`));
+    }
+    recBox.dataset.id = rec.recommended ? rec.recommended.experiment_id : '';
+    if (overhead === null) smallBox.replaceChildren();
+    else if (!rec.smallest) {
+      smallBox.replaceChildren(el('span', { class: 'pick-title' }, `Smallest within ${fmtPct(overhead)} time`),
+        el('span', { class: 'muted' }, 'no configuration is that close to its baseline'));
+    } else {
+      smallBox.replaceChildren(el('span', { class: 'pick-title' }, `Smallest peak within ${fmtPct(overhead)} time`), ...pickLine(rec.smallest));
+    }
+    smallBox.dataset.id = rec.smallest ? rec.smallest.experiment_id : '';
+  }
+  renderTable();
+}
+
+// ------------------------------------------------------------------ data
+
+async function drawCharts(figs) {
+  const c = cur;
+  let Plotly;
+  try {
+    Plotly = await loadPlotly();
+  } catch (err) {
+    for (const [, id] of CHARTS) $(id).textContent = `Charts unavailable: ${err.message}.`;
+    return;
+  }
+  if (c !== cur) return;
+  await Promise.all(CHARTS.map(([name, id], i) => {
+    if (!figs[i]) return null;
+    const f = sweepFigure(name, figs[i]);
+    return Plotly.react(id, f.data, f.layout, PLOT_CONFIG);
+  }));
+}
+
+/** Re-reads the sweep, its results and its charts (coalesced: one load at a time). */
+async function refresh() {
+  const c = cur;
+  if (!c) return;
+  if (c.loading) {
+    c.again = true;
+    return;
+  }
+  c.loading = true;
+  try {
+    const [sr, rr, ...charts] = await Promise.all([
+      api(`/api/sweeps/${c.id}`),
+      api(`/api/sweeps/${c.id}/results`),
+      ...CHARTS.map(([name]) => api(`/api/sweeps/${c.id}/charts/${name}`)),
+    ]);
+    if (c !== cur) return;
+    if (sr.status === 404) {
+      $('sweep-notfound').textContent = `There is no sweep ${c.id}.`;
+      $('sweep-notfound').hidden = false;
+      return;
+    }
+    if (sr.ok) {
+      c.sweep = sr.body;
+      renderHeader(c.sweep);
+    }
+    if (rr.ok) {
+      c.results = rr.body;
+      renderRecommendation();
+    }
+    await drawCharts(charts.map((r) => (r.ok ? r.body : null)));
+  } catch (_) {
+    // banner shown by api()
+  } finally {
+    c.loading = false;
+    if (c.again && c === cur) {
+      c.again = false;
+      refresh();
+    }
+  }
+}
+
+function startStream() {
+  const c = cur;
+  const soon = debounce(() => { if (c === cur) refresh(); }, 300);
+  c.stream = new LiveStream(`/api/sweeps/${c.id}/events?steps=false`, {
+    progress(p) {
+      if (c !== cur) return;
+      renderProgress(p, c.sweep && c.sweep.cancelled);
+    },
+    status(d) {
+      if (TERMINAL.has(d.status)) soon();
+    },
+    end() {
+      if (c !== cur) return;
+      $('sweep-live').hidden = true;
+      soon();
+    },
+  }, { onBroken: () => startPolling() });
+  $('sweep-live').hidden = false;
+}
+
+function startPolling() {
+  const c = cur;
+  if (!c) return;
+  $('sweep-live').hidden = true;
+  let finished = -1;
+  const tick = async () => {
+    if (c !== cur) return;
+    try {
+      const r = await api(`/api/sweeps/${c.id}`);
+      if (c !== cur) return;
+      if (r.ok) {
+        renderProgress(r.body.progress, r.body.cancelled);
+        if (r.body.progress.finished !== finished) {
+          finished = r.body.progress.finished;
+          await refresh();
+        }
+        if (r.body.progress.finished >= r.body.progress.total) return;
+      }
+    } catch (_) { /* banner */ }
+    if (c === cur) c.poll = setTimeout(tick, 2000);
+  };
+  tick();
+}
+
+function reset(id) {
+  $('sweep-title').textContent = `Sweep #${id}`;
+  $('sweep-notfound').hidden = true;
+  $('sweep-progress-text').textContent = '—';
+  $('sweep-counts').textContent = '';
+  $('sweep-desc').replaceChildren();
+  $('sweep-downloads').replaceChildren();
+  $('sweep-cancel').hidden = true;
+  $('sweep-live').hidden = true;
+  $('sweep-invalid').hidden = true;
+  $('sweep-runs').tHead.replaceChildren();
+  $('sweep-runs').tBodies[0].replaceChildren();
+  $('pick-recommended').replaceChildren();
+  $('pick-smallest').replaceChildren();
+  if (window.Plotly) for (const [, chart] of CHARTS) window.Plotly.purge(chart);
+}
+
+/**
+ * @param {number} id
+ * @param {URLSearchParams} params budget, overhead, sort
+ * @param {object|null} seed the POST /api/sweeps answer, shown at once when we just made it
+ */
+export async function showSweep(id, params, seed) {
+  hideSweep();
+  cur = { id, sweep: null, results: null, stream: null, poll: null, loading: false, again: false, rec: null, overhead: null };
+  const c = cur;
+  reset(id);
+  loadPlotly().catch(() => {});
+  $('budget').value = params.get('budget') || '';
+  $('overhead').value = params.has('overhead') ? params.get('overhead') : '20';
+  const live = () => {
+    if (typeof EventSource === 'function') startStream();
+    else startPolling();
+  };
+  let started = false;
+  if (seed && seed.id === id) {
+    // Just created: show it at once ("0 of N") and follow it from the start.
+    c.sweep = seed;
+    renderHeader(seed);
+    if (seed.progress.finished < seed.progress.total) {
+      live();
+      started = true;
+    }
+  }
+  await refresh();
+  if (c !== cur || !c.sweep || started) return;
+  const p = c.sweep.progress;
+  if (p.finished < p.total) live();
+}
+
+export function hideSweep() {
+  if (!cur) return;
+  if (cur.stream) cur.stream.close();
+  clearTimeout(cur.poll);
+  cur = null;
+}
+
+export function initSweep() {
+  const onInputs = debounce(() => {
+    if (!cur) return;
+    setHashParams({ budget: $('budget').value.trim() || null, overhead: $('overhead').value.trim() === '20' ? null : $('overhead').value.trim() });
+    renderRecommendation();
+  }, 120);
+  $('budget').addEventListener('input', onInputs);
+  $('overhead').addEventListener('input', onInputs);
+  const sortBy = (th) => {
+    const { params } = parseHash();
+    const sort = params.get('sort') || 'id';
+    const key = th.dataset.sort;
+    const next = sort === key ? `-${key}` : key;
+    setHashParams({ sort: next === 'id' ? null : next });
+    renderTable();
+  };
+  $('sweep-runs').tHead.addEventListener('click', (e) => {
+    const th = e.target.closest('th[data-sort]');
+    if (th) sortBy(th);
+  });
+  $('sweep-runs').tHead.addEventListener('keydown', (e) => {
+    const th = e.target.closest('th[data-sort]');
+    if (th && (e.key === 'Enter' || e.key === ' ')) {
+      e.preventDefault();
+      sortBy(th);
+    }
+  });
+  $('sweep-runs').tBodies[0].addEventListener('click', (e) => {
+    if (e.target.closest('a')) return;
+    const tr = e.target.closest('tr[data-id]');
+    if (tr) location.hash = `#/experiments/${tr.dataset.id}`;
+  });
+  $('sweep-cancel').addEventListener('click', async () => {
+    if (!cur) return;
+    const c = cur;
+    const b = $('sweep-cancel');
+    b.disabled = true;
+    try {
+      const r = await api(`/api/sweeps/${c.id}/cancel`, { method: 'POST' });
+      if (c !== cur) return;
+      if (r.ok) {
+        c.sweep = r.body;
+        renderHeader(r.body);
+      } else {
+        $('sweep-notfound').textContent = `Cannot cancel: ${detailText(r.body)}`;
+        $('sweep-notfound').hidden = false;
+      }
+    } finally {
+      b.disabled = false;
+    }
+  });
+}

@@ -1,0 +1,364 @@
+/* Shared helpers: formatting, DOM building, the API client, hash routes, live streams and
+ * the lazy Plotly loader. No dependencies; ES module served as /static/util.js. */
+
+export const MIB = 1024 * 1024;
+
+/** Statuses after which an experiment never changes again. */
+export const TERMINAL = new Set(['succeeded', 'failed', 'oom', 'timed_out', 'cancelled']);
+export const STATUSES = ['queued', 'running', 'succeeded', 'failed', 'oom', 'timed_out', 'cancelled'];
+export const MODEL_KINDS = ['mlp', 'resnet', 'transformer', 'densenet', 'custom'];
+export const STRATEGIES = ['none', 'sequential', 'per_block', 'selective', 'offload'];
+/** Strategies that recompute through torch.utils.checkpoint (where the flags matter). */
+export const RECOMPUTING = new Set(['sequential', 'per_block', 'selective']);
+
+/** Okabe-Ito: distinguishable with the common forms of colour blindness. */
+export const OKABE_ITO = {
+  black: '#000000',
+  orange: '#E69F00',
+  sky: '#56B4E9',
+  green: '#009E73',
+  yellow: '#F0E442',
+  blue: '#0072B2',
+  vermillion: '#D55E00',
+  purple: '#CC79A7',
+  grey: '#8C8C8C',
+};
+/** Trace colour order for charts (yellow last: weak contrast on white). */
+export const COLORWAY = ['#0072B2', '#E69F00', '#009E73', '#CC79A7', '#56B4E9', '#D55E00', '#000000', '#F0E442'];
+
+export const $ = (id) => document.getElementById(id);
+
+// ------------------------------------------------------------------ formatting
+
+function isNum(v) {
+  return v !== null && v !== undefined && v !== '' && Number.isFinite(Number(v));
+}
+
+/** 123456789 -> "117.7 MiB" (binary units, as PyTorch's memory tools use). */
+export function fmtBytes(n) {
+  if (!isNum(n)) return '—';
+  n = Number(n);
+  const units = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
+  let i = 0;
+  let v = Math.abs(n);
+  while (v >= 1024 && i < units.length - 1) {
+    v /= 1024;
+    i += 1;
+  }
+  const sign = n < 0 ? '-' : '';
+  if (i === 0) return `${sign}${Math.round(v)} B`;
+  return `${sign}${v.toFixed(v < 10 ? 2 : v < 100 ? 1 : 0)} ${units[i]}`;
+}
+
+/** The binary unit that suits numbers up to `max` bytes: [divisor, name]. */
+export function byteUnit(max) {
+  const units = [[1, 'B'], [1024, 'KiB'], [MIB, 'MiB'], [1024 * MIB, 'GiB'], [1024 * 1024 * MIB, 'TiB']];
+  let pick = units[0];
+  for (const u of units) if (Math.abs(max) >= u[0]) pick = u;
+  return pick;
+}
+
+/** milliseconds -> "0.42 ms", "12.3 ms", "1,234 ms", "2.5 min" */
+export function fmtMs(ms) {
+  if (!isNum(ms)) return '—';
+  ms = Number(ms);
+  const a = Math.abs(ms);
+  if (a < 10) return `${ms.toFixed(2)} ms`;
+  if (a < 1000) return `${ms.toFixed(1)} ms`;
+  if (a < 60000) return `${Math.round(ms).toLocaleString('en-US')} ms`;
+  return `${(ms / 60000).toFixed(1)} min`;
+}
+
+/** 12.345 -> "+12.3%", -3 -> "−3.0%" */
+export function fmtPct(p, { sign = true } = {}) {
+  if (!isNum(p)) return '—';
+  p = Number(p);
+  const s = sign && p > 0 ? '+' : p < 0 ? '−' : '';
+  return `${s}${Math.abs(p).toFixed(Math.abs(p) < 10 ? 1 : 0)}%`;
+}
+
+export function fmtInt(n) {
+  if (!isNum(n)) return '—';
+  return Number(n).toLocaleString('en-US');
+}
+
+/** A gradient difference: 0 -> "0", 0.000812 -> "8.1e-4", 28.3 -> "28.3" */
+export function fmtDiff(d) {
+  if (!isNum(d)) return '—';
+  d = Number(d);
+  if (d === 0) return '0';
+  if (Math.abs(d) >= 0.01 && Math.abs(d) < 1000) return d.toPrecision(3);
+  return d.toExponential(1);
+}
+
+/** ISO timestamp -> Date; one without a zone is UTC (the server stores UTC). */
+export function parseDate(iso) {
+  const s = String(iso);
+  return new Date(/(Z|[+-]\d\d:?\d\d)$/i.test(s) ? s : `${s}Z`);
+}
+
+export function fmtDate(iso) {
+  if (!iso) return '—';
+  const d = parseDate(iso);
+  return Number.isNaN(d.getTime()) ? String(iso) : d.toLocaleString();
+}
+
+/** "3 min ago", "2 h ago", or the date for older times. */
+export function fmtAgo(iso, now = Date.now()) {
+  if (!iso) return '—';
+  const d = parseDate(iso);
+  const s = (now - d.getTime()) / 1000;
+  if (!Number.isFinite(s)) return String(iso);
+  if (s < 45) return 'just now';
+  if (s < 3600) return `${Math.round(s / 60)} min ago`;
+  if (s < 86400) return `${Math.round(s / 3600)} h ago`;
+  return d.toLocaleDateString();
+}
+
+export function fmtDuration(startIso, endIso) {
+  if (!startIso || !endIso) return null;
+  const s = (parseDate(endIso) - parseDate(startIso)) / 1000;
+  if (!Number.isFinite(s) || s < 0) return null;
+  if (s < 60) return `${s.toFixed(1)} s`;
+  return `${Math.floor(s / 60)} min ${Math.round(s % 60)} s`;
+}
+
+/** "mlp 32×1024" and similar one-line model descriptions. */
+export function modelLabel(spec) {
+  const m = (spec && spec.model) || {};
+  switch (m.kind) {
+    case 'mlp': return `mlp ${m.depth}×${m.width}`;
+    case 'transformer': return `transformer ${m.depth}×${m.d_model}, seq ${m.seq_len}`;
+    case 'resnet': return `resnet ${m.depth} blocks, ${m.channels} ch, ${m.image_size}px`;
+    case 'densenet': return `densenet ${m.depth}, k=${m.growth_rate}, ${m.image_size}px`;
+    case 'custom': return `custom ${m.name} (${m.depth})`;
+    default: return `${m.kind || '?'} ${m.depth ?? ''}`.trim();
+  }
+}
+
+/** "sequential (4)": the strategy and its parameter. */
+export function strategyLabel(spec) {
+  const c = (spec && spec.checkpoint) || {};
+  switch (c.strategy) {
+    case 'sequential': return `sequential (${c.segments})`;
+    case 'per_block': return `per_block (every ${c.every})`;
+    case 'selective': return `selective (${c.policy}, every ${c.every})`;
+    default: return String(c.strategy || 'none');
+  }
+}
+
+/** yes/no for a checkpoint flag; a dash when nothing is recomputed (the flag is unused). */
+export function flagLabel(spec, key) {
+  const c = (spec && spec.checkpoint) || {};
+  if (!RECOMPUTING.has(c.strategy)) return '—';
+  return c[key] ? 'on' : 'off';
+}
+
+// ------------------------------------------------------------------ DOM
+
+/** Element builder: el('td', {class: 'num'}, 'text', childNode). Text is never parsed as HTML. */
+export function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === null || v === undefined || v === false) continue;
+    if (k === 'class') node.className = v;
+    else if (k === 'dataset') Object.assign(node.dataset, v);
+    else if (k.startsWith('on') && typeof v === 'function') node.addEventListener(k.slice(2), v);
+    else node.setAttribute(k, v === true ? '' : String(v));
+  }
+  for (const c of children.flat()) {
+    if (c === null || c === undefined || c === false) continue;
+    node.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return node;
+}
+
+export function statusBadge(status) {
+  return el('span', { class: `badge status-${status}` }, status.replace('_', ' '));
+}
+
+/** Correctness of a run's gradients: match / differ / not verified. */
+export function gradBadge(match, diff) {
+  if (match === true) return el('span', { class: 'badge ok', title: `max |Δgrad| = ${fmtDiff(diff)}` }, '✓ match');
+  if (match === false) return el('span', { class: 'badge bad', title: `max |Δgrad| = ${fmtDiff(diff)}` }, '✗ differ');
+  return el('span', { class: 'badge neutral' }, 'not verified');
+}
+
+/** Definition list from [label, value, ddAttrs] entries. */
+export function kv(dl, entries) {
+  const nodes = [];
+  for (const entry of entries) {
+    if (!entry) continue;
+    const [label, val, opts] = entry;
+    nodes.push(el('dt', null, label));
+    nodes.push(el('dd', opts || null, val));
+  }
+  dl.replaceChildren(...nodes);
+}
+
+// ------------------------------------------------------------------ API
+
+let onConnection = () => {};
+export function setConnectionHandler(fn) {
+  onConnection = fn;
+}
+
+/** fetch + JSON; resolves to {ok, status, body}. Network errors reject (and show the banner). */
+export async function api(path, options) {
+  const opts = Object.assign({ headers: { Accept: 'application/json' } }, options);
+  if (opts.json !== undefined) {
+    opts.method = opts.method || 'POST';
+    opts.headers = { 'Content-Type': 'application/json', Accept: 'application/json' };
+    opts.body = JSON.stringify(opts.json);
+    delete opts.json;
+  }
+  let resp;
+  try {
+    resp = await fetch(path, opts);
+  } catch (err) {
+    onConnection(false);
+    throw err;
+  }
+  onConnection(true);
+  const text = await resp.text();
+  let body = null;
+  if (text) {
+    try {
+      body = JSON.parse(text);
+    } catch (_) {
+      body = text;
+    }
+  }
+  return { ok: resp.ok, status: resp.status, body };
+}
+
+/** A readable line from an error body ({"detail": ...}). */
+export function detailText(body) {
+  if (!body) return 'no details';
+  if (typeof body === 'string') return body.slice(0, 300);
+  if (typeof body.detail === 'string') return body.detail;
+  if (Array.isArray(body.detail)) {
+    return body.detail.map((d) => `${(d.loc || []).join('.')}: ${d.msg}`).join('; ');
+  }
+  return JSON.stringify(body).slice(0, 300);
+}
+
+// ------------------------------------------------------------------ hash routes
+
+/** "#/sweeps/3?budget=2GiB" -> {path: "/sweeps/3", params: URLSearchParams} */
+export function parseHash(hash = location.hash) {
+  const h = hash.replace(/^#/, '') || '/';
+  const q = h.indexOf('?');
+  const path = (q < 0 ? h : h.slice(0, q)) || '/';
+  const params = new URLSearchParams(q < 0 ? '' : h.slice(q + 1));
+  return { path, params };
+}
+
+/** Replace the hash's query (no history entry, no hashchange): shareable view state. */
+export function setHashParams(values) {
+  const { path, params } = parseHash();
+  for (const [k, v] of Object.entries(values)) {
+    if (v === null || v === undefined || v === '') params.delete(k);
+    else params.set(k, String(v));
+  }
+  const qs = params.toString();
+  const hash = `#${path}${qs ? `?${qs}` : ''}`;
+  if (hash !== location.hash) history.replaceState(null, '', hash);
+}
+
+// ------------------------------------------------------------------ live streams
+
+/**
+ * An EventSource with typed handlers that stops for good on the server's `end` event
+ * (the browser would otherwise reconnect) and reports when the stream seems broken, so
+ * that a view can fall back to polling.
+ */
+export class LiveStream {
+  constructor(url, handlers, { onBroken } = {}) {
+    this.closed = false;
+    this.failures = 0;
+    this.source = new EventSource(url);
+    for (const [kind, fn] of Object.entries(handlers)) {
+      this.source.addEventListener(kind, (ev) => {
+        if (this.closed) return;
+        let data = null;
+        try {
+          data = JSON.parse(ev.data);
+        } catch (_) {
+          return;
+        }
+        this.failures = 0;
+        fn(data);
+      });
+    }
+    this.source.addEventListener('end', () => this.close());
+    this.source.addEventListener('open', () => onConnection(true));
+    this.source.addEventListener('error', () => {
+      if (this.closed) return;
+      this.failures += 1;
+      if (this.source.readyState === EventSource.CLOSED || this.failures >= 3) {
+        this.close();
+        if (onBroken) onBroken();
+      }
+    });
+  }
+
+  close() {
+    if (this.closed) return;
+    this.closed = true;
+    this.source.close();
+  }
+}
+
+// ------------------------------------------------------------------ misc
+
+/** Runs `fn` at most once per `ms`, trailing call included. */
+export function throttle(fn, ms) {
+  let last = 0;
+  let timer = null;
+  return function throttled() {
+    const wait = last + ms - Date.now();
+    if (wait <= 0) {
+      last = Date.now();
+      fn();
+    } else if (!timer) {
+      timer = setTimeout(() => {
+        timer = null;
+        last = Date.now();
+        fn();
+      }, wait);
+    }
+  };
+}
+
+export function debounce(fn, ms) {
+  let timer = null;
+  const d = (...args) => {
+    clearTimeout(timer);
+    timer = setTimeout(() => fn(...args), ms);
+  };
+  d.cancel = () => clearTimeout(timer);
+  return d;
+}
+
+let plotlyPromise = null;
+/** Loads /static/plotly.min.js once, on first need (the list view never waits for it). */
+export function loadPlotly() {
+  if (window.Plotly) return Promise.resolve(window.Plotly);
+  if (!plotlyPromise) {
+    const meta = document.querySelector('meta[name="ckptlab-plotly"]');
+    const src = meta ? meta.content : '/static/plotly.min.js';
+    plotlyPromise = new Promise((resolve, reject) => {
+      const s = document.createElement('script');
+      s.src = src;
+      s.async = true;
+      s.onload = () => resolve(window.Plotly);
+      s.onerror = () => {
+        plotlyPromise = null;
+        reject(new Error(`${src} did not load`));
+      };
+      document.head.append(s);
+    });
+  }
+  return plotlyPromise;
+}
