@@ -81,6 +81,26 @@ CONFIGS = {
 QUICK = {"mlp-32x512-b64-none", "transformer-4x256-seq128-per_block"}
 
 
+def measure(name: str, cfg: dict, device: torch.device, *, rounds: int, steps: int) -> dict:
+    """Median bare and instrumented step time (ms) of one configuration, and the overhead %."""
+    spec = ExperimentSpec.model_validate(
+        {**cfg, "steps": steps, "warmup_steps": 2, "device": device.type, "verify_gradients": False}
+    )
+    bare, inst = [], []
+    for _ in range(rounds):
+        bare += bare_steps(spec, device)
+        inst += instrumented_steps(spec, device)
+    b, i = statistics.median(bare), statistics.median(inst)
+    return {
+        "config": name,
+        "device": str(device),
+        "bare_ms": round(b, 2),
+        "instrumented_ms": round(i, 2),
+        "overhead_pct": round(100 * (i - b) / b, 1),
+        "samples": len(bare),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small models, few rounds (CI)")
@@ -89,33 +109,15 @@ def main() -> None:
     args = ap.parse_args()
     device = torch.device(args.device)
     rounds, steps = (2, 6) if args.quick else (4, 8)
-    results = []
     for name, cfg in CONFIGS.items():
         if args.quick and name not in QUICK:
             continue
-        spec = ExperimentSpec.model_validate(
-            {**cfg, "steps": steps, "warmup_steps": 2, "device": device.type, "verify_gradients": False}
+        row = measure(name, cfg, device, rounds=rounds, steps=steps)
+        line = (
+            f"{name:40s} {device}  bare {row['bare_ms']:9.2f} ms  "
+            f"instrumented {row['instrumented_ms']:9.2f} ms  overhead {row['overhead_pct']:+.1f}%"
         )
-        bare, inst = [], []
-        for _ in range(rounds):
-            bare += bare_steps(spec, device)
-            inst += instrumented_steps(spec, device)
-        b, i = statistics.median(bare), statistics.median(inst)
-        row = {
-            "config": name,
-            "device": str(device),
-            "bare_ms": round(b, 2),
-            "instrumented_ms": round(i, 2),
-            "overhead_pct": round(100 * (i - b) / b, 1),
-            "samples": len(bare),
-        }
-        results.append(row)
-        print(
-            json.dumps(row)
-            if args.json
-            else f"{name:40s} {device}  bare {b:9.2f} ms  instrumented {i:9.2f} ms  overhead {row['overhead_pct']:+.1f}%",
-            flush=True,
-        )
+        print(json.dumps(row) if args.json else line, flush=True)
 
 
 if __name__ == "__main__":

@@ -334,7 +334,19 @@ def run_experiment(
         caught = warnings_so_far()
     summary.update(check)
     summary["warnings"] = caught
-    return summary
+    return _finite_or_none(summary)
+
+
+def _finite_or_none(value: Any) -> Any:
+    """``value`` with every non-finite float replaced by None, so the summary is valid JSON
+    (a diverged run has a NaN loss and gradient difference)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite_or_none(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite_or_none(v) for v in value]
+    return value
 
 
 def _measure(

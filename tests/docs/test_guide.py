@@ -37,5 +37,7 @@ def test_guide_block_runs(index, tmp_path, guide_env):
     result = subprocess.run(
         ["bash", "-e", "-c", script], cwd=tmp_path, env=guide_env, capture_output=True, text=True, timeout=240
     )
-    assert result.returncode == 0, f"block {index} failed:\n{script}\n--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}"
+    assert result.returncode == 0, (
+        f"block {index} failed:\n{script}\n--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}"
+    )
     assert "Traceback" not in result.stderr

@@ -197,3 +197,13 @@ def test_cuda_run_reports_reserved_and_nvml_bytes(tmp_path):
     assert summary["reserved_bytes"] >= summary["peak_allocated_bytes"] > 0
     assert summary["environment"]["capability"]
     assert snap.exists() and snap.stat().st_size > 0
+
+
+def test_summary_of_a_diverged_run_is_json_safe():
+    import json
+
+    from worker import engine
+
+    summary = engine._finite_or_none({"a": float("nan"), "b": [1.0, float("inf")], "c": {"d": -float("inf")}, "e": 2})
+    assert summary == {"a": None, "b": [1.0, None], "c": {"d": None}, "e": 2}
+    json.dumps(summary, allow_nan=False)
