@@ -76,6 +76,13 @@ class Settings(BaseSettings):
     series_cache_bytes: int = Field(256 * 2**20, ge=0)
     series_warm_interval_s: float = Field(2.0, ge=0)
 
+    @field_validator("api_token", mode="before")
+    @classmethod
+    def _empty_token_is_none(cls, v: object) -> object:
+        # ``CKPTLAB_API_TOKEN=`` (as compose files pass through) means "no token", not a
+        # token that no request can match.
+        return None if isinstance(v, str) and not v.strip() else v
+
     @field_validator("cors_origins", mode="before")
     @classmethod
     def _split_origins(cls, value: object) -> object:
