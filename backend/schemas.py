@@ -163,6 +163,40 @@ class StepPublic(BaseModel):
     )
 
 
+class AttemptPublic(BaseModel):
+    """One attempt (claim) of an experiment. A lost attempt's steps are kept for inspection
+    (``GET /api/experiments/{id}/steps?attempt=N``) but are never the experiment's series."""
+
+    model_config = ConfigDict(
+        from_attributes=True,
+        json_schema_extra={"examples": [{"attempt": 1, "steps": 37, "lost": True, "current": False}]},
+    )
+
+    attempt: int
+    steps: int = Field(description="steps stored for this attempt")
+    lost: bool = Field(description="its worker was lost or it was requeued at shutdown")
+    current: bool = Field(description="the experiment's current attempt")
+
+
+class AttemptsPublic(BaseModel):
+    """Every attempt of an experiment, oldest first."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "data": [
+                        {"attempt": 1, "steps": 37, "lost": True, "current": False},
+                        {"attempt": 2, "steps": 200, "lost": False, "current": True},
+                    ]
+                }
+            ]
+        }
+    )
+
+    data: list[AttemptPublic]
+
+
 class StepsPublic(BaseModel):
     """The steps of an experiment's current attempt, by step."""
 

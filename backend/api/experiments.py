@@ -7,12 +7,14 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, status
-from fastapi.responses import FileResponse
 from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse
 from sse_starlette import EventSourceResponse
 
 from backend.deps import MAX_ID, ExperimentId, SeriesCacheDep, SessionDep, SettingsDep
 from backend.schemas import (
+    AttemptPublic,
+    AttemptsPublic,
     ExperimentCreate,
     ExperimentPublic,
     ExperimentsPublic,
@@ -143,21 +145,40 @@ def list_steps(
     session: SessionDep,
     experiment_id: ExperimentId,
     format: Annotated[Format, Query(description="csv streams one row per step")] = "json",
+    attempt: Annotated[
+        int | None, Query(ge=1, le=MAX_ID, description="an earlier (lost) attempt; default: the current one")
+    ] = None,
 ):
-    """The steps of the experiment's current attempt, by step: times in ms, memory in bytes."""
+    """The steps of the experiment's current attempt (or of ``attempt``), by step: times in ms,
+    memory in bytes."""
     exp = _get_or_404(session, experiment_id)
+    which = attempt or exp.attempt
     if format == "csv":
         sessions = request.app.state.sessionmaker
 
         def rows():
             with sessions() as s:  # its own session: the response outlives the request's
-                yield from exports.step_csv_rows(queries.iter_step_rows(s, experiment_id=exp.id, attempt=exp.attempt))
+                yield from exports.step_csv_rows(queries.iter_step_rows(s, experiment_id=exp.id, attempt=which))
 
         return exports.csv_response(
             rows(), filename=f"experiment-{exp.id}-steps.csv", columns=exports.STEP_EXPORT_COLUMNS
         )
-    rows = store.list_steps(session, experiment_id=exp.id, attempt=exp.attempt)
+    rows = store.list_steps(session, experiment_id=exp.id, attempt=which)
     return StepsPublic.model_validate({"data": rows, "count": len(rows)}, from_attributes=True)
+
+
+@router.get(
+    "/{experiment_id}/attempts",
+    response_model=AttemptsPublic,
+    responses=NOT_FOUND,
+    summary="Attempts of an experiment, lost ones marked",
+)
+def list_attempts(session: SessionDep, experiment_id: ExperimentId) -> AttemptsPublic:
+    """Every claim of the experiment with its stored step count; an attempt whose worker was
+    lost keeps its steps, marked ``lost``, apart from the current attempt's series."""
+    exp = _get_or_404(session, experiment_id)
+    rows = store.list_attempts(session, experiment_id=exp.id)
+    return AttemptsPublic(data=[AttemptPublic.model_validate(a) for a in rows])
 
 
 @router.get(

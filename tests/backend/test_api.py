@@ -134,3 +134,22 @@ def test_steps_expose_memory_categories(client, db_session):
     add_steps(db_session, experiment_id=exp.id, attempt=1, records=[rec])
     step = client.get(f"/api/experiments/{exp.id}/steps").json()["data"][0]
     assert step["extra"]["memory_at_peak"]["optimizer_state"] == 20
+
+
+def test_attempts_keep_lost_steps_apart(client, db_session):
+    from ckptlab.db.store import add_steps, create_experiment
+    from tests.factories import step_record
+
+    exp = create_experiment(db_session, spec=make_spec(), status="running")
+    add_steps(db_session, experiment_id=exp.id, attempt=1, records=[step_record(i) for i in (1, 2, 3)])
+    exp.attempt = 2  # attempt 1's worker was lost; attempt 2 is running now
+    db_session.commit()
+    add_steps(db_session, experiment_id=exp.id, attempt=2, records=[step_record(1)])
+    attempts = client.get(f"/api/experiments/{exp.id}/attempts").json()["data"]
+    assert attempts == [
+        {"attempt": 1, "steps": 3, "lost": True, "current": False},
+        {"attempt": 2, "steps": 1, "lost": False, "current": True},
+    ]
+    assert client.get(f"/api/experiments/{exp.id}/steps").json()["count"] == 1
+    assert client.get(f"/api/experiments/{exp.id}/steps?attempt=1").json()["count"] == 3
+    assert client.get("/api/experiments/999/attempts").status_code == 404
