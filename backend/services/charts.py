@@ -20,32 +20,11 @@ import plotly.graph_objects as go
 
 from ckptlab.db.models import Sweep
 from ckptlab.db.sweeps import SweepRow, axis_label, get_path, sweep_rows
+from ckptlab.law import retained_bytes
 
-__all__ = ["CHARTS", "build_chart", "segment_law", "pareto_frontier"]
+__all__ = ["CHARTS", "build_chart", "pareto_frontier"]
 
 SEGMENTS = "checkpoint.segments"
-
-
-def segment_law(*, depth: int, block_bytes: float, input_bytes: float, segments: int) -> float:
-    """Activation bytes retained by ``checkpoint_sequential`` over ``depth`` identical blocks.
-
-    ``retained(N) = (N-1)*b + last*a`` (``docs/domain.md``): each of the first ``N-1``
-    segments keeps only its input (``b`` bytes) and the last segment, never checkpointed,
-    keeps its ``last = depth - (N-1) * (depth // N)`` blocks' activations (``a`` bytes each).
-
-    Args:
-        depth: number of blocks (``model.depth``).
-        block_bytes: ``a``, bytes one block retains without checkpointing.
-        input_bytes: ``b``, bytes of a segment's input.
-        segments: ``N``, 1 to ``depth``.
-
-    Raises:
-        ValueError: ``segments`` is outside 1..``depth``.
-    """
-    if not 1 <= segments <= depth:
-        raise ValueError(f"segments must be in 1..{depth}, got {segments}")
-    last = depth - (segments - 1) * (depth // segments)
-    return (segments - 1) * input_bytes + last * block_bytes
 
 
 def pareto_frontier(points: Sequence[tuple[float, float]]) -> list[int]:
@@ -127,7 +106,7 @@ def _memory_vs_segments(sweep: Sweep, rows: Sequence[SweepRow], specs: Mapping[i
         fig.add_trace(
             go.Scatter(
                 x=ns,
-                y=[segment_law(depth=depth, block_bytes=a, input_bytes=a, segments=n) for n in ns],
+                y=[retained_bytes(depth, n, a, a) for n in ns],
                 mode="lines",
                 name="segment law" if len(usable) == 1 or not group else f"segment law {group}",
                 line={"dash": "dash", "color": "grey"},

@@ -5,17 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from backend.services.charts import pareto_frontier, segment_law
+from backend.services.charts import pareto_frontier
 from ckptlab.db import store
 from tests.factories import spec_dict
-
-
-def test_segment_law_follows_checkpoint_sequential():
-    # depth 8: segment length 8 // N, the last segment takes the rest and is not checkpointed.
-    got = [segment_law(depth=8, block_bytes=10, input_bytes=1, segments=n) for n in (1, 2, 3, 4, 8)]
-    assert got == [80, 1 + 40, 2 + 40, 3 + 20, 7 + 10]
-    with pytest.raises(ValueError):
-        segment_law(depth=8, block_bytes=1, input_bytes=1, segments=9)
 
 
 def test_pareto_frontier():

@@ -26,3 +26,11 @@ def test_optimum_near_sqrt_n():
 def test_segments_out_of_range():
     with pytest.raises(ValueError):
         last_segment_length(4, 5)
+
+
+def test_retained_bytes_follow_checkpoint_sequential_split():
+    # depth 8: segment length 8 // N, the last segment takes the rest and is not checkpointed.
+    got = [retained_bytes(8, n, a=10, b=1) for n in (1, 2, 3, 4, 8)]
+    assert got == [80, 1 + 40, 2 + 40, 3 + 20, 7 + 10]
+    with pytest.raises(ValueError):
+        retained_bytes(8, 9, a=1, b=1)
