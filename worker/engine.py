@@ -193,6 +193,7 @@ class _Meter:
             CudaProbe(dev) if self.cuda else LiveTensorTracker(limit_bytes=limit_bytes)
         )
         self.recompute_peak = 0
+        self.optimizer_states_tagged = 0
         self._recompute_start = 0
         self._saved_category = "other"
         self._nvml = None
@@ -483,7 +484,9 @@ def _one_step(spec, dev, meter: _Meter, built: Built, params, opt, scaler, autoc
         scaler.update()
     else:
         opt.step()
-    meter.retag(list(_optimizer_tensors(opt)), "optimizer_state")
+    if len(opt.state) != meter.optimizer_states_tagged:  # state appears at the first step(s)
+        meter.retag(list(_optimizer_tensors(opt)), "optimizer_state")
+        meter.optimizer_states_tagged = len(opt.state)
     opt.zero_grad(set_to_none=True)
     phase_end("optimizer", t2)
 
