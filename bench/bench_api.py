@@ -188,15 +188,13 @@ def bench_series(base: str, Session, *, n_steps: int, repeats: int = 20, live: b
     return out
 
 
-def main() -> None:
-    """Run both benchmarks against a fresh server and print the results."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--stream-steps", type=int, default=300)
-    ap.add_argument("--interval", type=float, default=0.1, help="mean pause between committed steps, s")
-    ap.add_argument("--series-steps", type=int, default=1_000_000)
-    ap.add_argument("--json", action="store_true", help="print JSON instead of Markdown")
-    args = ap.parse_args()
+def run(
+    *, stream_steps: int, interval: float, series_steps: int, series_repeats: int = 20, live: bool = True
+) -> tuple[dict, dict]:
+    """Start a server on a fresh SQLite database, run both benchmarks, clean up.
 
+    Returns ``(stream, series)`` as :func:`bench_stream` and :func:`bench_series` give them.
+    """
     data_dir = Path(tempfile.mkdtemp(prefix="ckptlab-bench-"))
     url = f"sqlite:///{data_dir / 'ckptlab.db'}"
     engine = make_engine(url)
@@ -206,13 +204,26 @@ def main() -> None:
     server = start_server(url, port)
     base = f"http://127.0.0.1:{port}"
     try:
-        stream = bench_stream(base, Session, n_steps=args.stream_steps, interval=args.interval)
-        series = bench_series(base, Session, n_steps=args.series_steps)
+        stream = bench_stream(base, Session, n_steps=stream_steps, interval=interval)
+        series = bench_series(base, Session, n_steps=series_steps, repeats=series_repeats, live=live)
     finally:
         server.terminate()
         server.wait(30)
         engine.dispose()
         shutil.rmtree(data_dir, ignore_errors=True)
+    return stream, series
+
+
+def main() -> None:
+    """Run both benchmarks against a fresh server and print the results."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--stream-steps", type=int, default=300)
+    ap.add_argument("--interval", type=float, default=0.1, help="mean pause between committed steps, s")
+    ap.add_argument("--series-steps", type=int, default=1_000_000)
+    ap.add_argument("--json", action="store_true", help="print JSON instead of Markdown")
+    args = ap.parse_args()
+
+    stream, series = run(stream_steps=args.stream_steps, interval=args.interval, series_steps=args.series_steps)
     result = {"stream": stream, "series": series}
     if args.json:
         print(json.dumps(result, indent=2))

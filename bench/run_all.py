@@ -16,7 +16,6 @@ import argparse
 import datetime
 import os
 import platform
-import shutil
 import sys
 import tempfile
 import time
@@ -30,28 +29,6 @@ import bench_overhead  # noqa: E402
 import bench_sweep  # noqa: E402
 import bench_worker  # noqa: E402
 import torch  # noqa: E402
-
-from ckptlab.db.engine import make_engine, make_sessionmaker, migrate  # noqa: E402
-
-
-def _api(stream_steps: int, interval: float, series_steps: int, live: bool) -> tuple[dict, dict]:
-    data_dir = Path(tempfile.mkdtemp(prefix="ckptlab-bench-"))
-    url = f"sqlite:///{data_dir / 'ckptlab.db'}"
-    engine = make_engine(url)
-    migrate(engine)
-    Session = make_sessionmaker(engine)
-    port = bench_api._free_port()
-    server = bench_api.start_server(url, port)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        stream = bench_api.bench_stream(base, Session, n_steps=stream_steps, interval=interval)
-        series = bench_api.bench_series(base, Session, n_steps=series_steps, repeats=5, live=live)
-    finally:
-        server.terminate()
-        server.wait(30)
-        engine.dispose()
-        shutil.rmtree(data_dir, ignore_errors=True)
-    return stream, series
 
 
 def _postgres_rows(rows: int) -> float | None:
@@ -101,7 +78,9 @@ def main() -> None:
     pg = _postgres_rows(5_000 if q else 20_000)
     rows.append(("rows/s written, PostgreSQL", f"{pg:,.0f}" if pg else "skipped (no PostgreSQL binaries)"))
 
-    stream, series = _api(60 if q else 300, 0.05 if q else 0.1, 1_000_000, live=not q)
+    stream, series = bench_api.run(
+        stream_steps=60 if q else 300, interval=0.05 if q else 0.1, series_steps=1_000_000, series_repeats=5, live=not q
+    )
     rows.append(("stream latency commit -> client (p50 / p95)", f"{stream['p50_ms']:.0f} / {stream['p95_ms']:.0f} ms"))
     if "live_first_ms" in series:  # full mode only: a second 1,000,000-step run
         rows.append(

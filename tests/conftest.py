@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 from ckptlab.db.engine import make_engine, make_sessionmaker, migrate
 from ckptlab.settings import Settings
 from tests.postgres import PostgresCluster, find_pg_bin
+from tests.support import stop_process
 
 
 def pytest_collection_modifyitems(config, items):
@@ -124,9 +125,5 @@ def worker_process(database_url: str, data_dir: Path) -> Iterator[subprocess.Pop
     log = open(data_dir / "worker.log", "wb")
     proc = subprocess.Popen([sys.executable, "-m", "ckptlab", "worker"], env=env, stdout=log, stderr=subprocess.STDOUT)
     yield proc
-    proc.terminate()
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    stop_process(proc)
     log.close()

@@ -27,6 +27,7 @@ from sqlalchemy.engine import make_url
 
 from ckptlab.cli import app
 from ckptlab.settings import Settings
+from tests.support import stop_process
 
 try:
     import tomllib
@@ -341,11 +342,7 @@ def test_backend_healthcheck_command_works_against_a_real_server(compose: dict, 
         result = subprocess.run(argv, capture_output=True, timeout=30)
         assert result.returncode == 0, result.stderr.decode()
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_process(proc)
         log.close()
 
 
