@@ -168,4 +168,5 @@ class CudaProbe:
         return torch.cuda.memory_reserved(self.device)
 
     def reset_peak(self) -> None:
+        """Start a new peak window (``torch.cuda.reset_peak_memory_stats``)."""
         torch.cuda.reset_peak_memory_stats(self.device)

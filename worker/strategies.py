@@ -110,6 +110,8 @@ class CheckpointedGroup(nn.Module):
                 self.on_recompute(False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Run the group on ``x`` (the first block's input shape) keeping only ``x`` for
+        backward; returns the last block's output."""
         kwargs = {"context_fn": self.context_fn} if self.context_fn is not None else {}
         self.in_forward = True
         try:
@@ -133,6 +135,7 @@ class OffloadedGroup(nn.Module):
         self.pin_memory = pin_memory
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Run the group on ``x``; tensors saved for backward are packed to host memory."""
         with torch.autograd.graph.save_on_cpu(pin_memory=self.pin_memory):
             for block in self.group:
                 x = block(x)
