@@ -92,6 +92,13 @@ def limit_errors(spec: ExperimentSpec, settings: Settings, *, loc: tuple[str | i
 
     if spec.steps > settings.max_steps:
         err(("steps",), spec.steps, f"steps ({spec.steps}) exceeds this server's limit of {settings.max_steps}")
+    if spec.steps + spec.timed_steps > settings.max_steps:
+        total = spec.steps + spec.timed_steps
+        err(
+            ("timed_steps",),
+            spec.timed_steps,
+            f"steps + timed_steps ({total}) exceeds this server's limit of {settings.max_steps}",
+        )
     if spec.batch_size > settings.max_batch_size:
         err(
             ("batch_size",),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated
@@ -10,7 +11,15 @@ from typing import Annotated
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-__all__ = ["Settings", "get_settings"]
+__all__ = ["Settings", "get_settings", "host_memory_bytes"]
+
+
+def host_memory_bytes() -> int:
+    """This host's RAM, bytes (``SC_PAGE_SIZE * SC_PHYS_PAGES``); 2**40 where unknown."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 2**40
 
 
 class Settings(BaseSettings):
@@ -26,12 +35,18 @@ class Settings(BaseSettings):
         poll_interval_s: how long an idle worker sleeps between claims, seconds (default 0.5).
         default_timeout_s: kill an experiment whose spec sets no ``timeout_s`` after this many
             seconds and record it ``timed_out`` (``CKPTLAB_DEFAULT_TIMEOUT_S``, default 3600).
-        lease_s: a running experiment whose worker has not heartbeated for this many seconds
-            is requeued by the reaper (``CKPTLAB_LEASE_S``, default 30). Workers heartbeat
-            every ``lease_s / 3`` seconds.
+        lease_s: a running experiment whose worker has not committed a heartbeat for this
+            many seconds is requeued by the reaper (``CKPTLAB_LEASE_S``, default 60). Workers
+            heartbeat every ``lease_s / 3`` seconds and retry a failed heartbeat until shortly
+            before the lease runs out, so a database stall (a lock, a restart) shorter than
+            ``lease_s - lease_s / 3`` loses no work; keep it well above the SQLite busy
+            timeout (5 s, :mod:`ckptlab.db.database`).
         max_attempts: a lost experiment already claimed this many times is marked ``failed``
             with error "worker lost" instead of being requeued (``CKPTLAB_MAX_ATTEMPTS``,
             default 3).
+        worker_cpu_threads: torch threads per CPU slot of a worker
+            (``CKPTLAB_WORKER_CPU_THREADS``; ``ckptlab worker --cpu-threads``). Default: the
+            host's cores split between the CPU slots, ``max(1, cpu_count // cpu_slots)``.
         shutdown_grace_s: on SIGTERM / SIGINT a worker lets its running experiments finish for
             this many seconds, then kills and requeues them (``CKPTLAB_SHUTDOWN_GRACE_S``,
             default 30).
@@ -40,6 +55,12 @@ class Settings(BaseSettings):
             Default: unset (no token needed; keep ``host`` at 127.0.0.1 then).
         cors_origins: origins allowed to call the API from a browser (``CKPTLAB_CORS_ORIGINS``,
             comma-separated or a JSON list). Default: none, CORS off.
+        worker_memory_bytes: host memory one experiment may use, bytes
+            (``CKPTLAB_WORKER_MEMORY_BYTES``; default: this host's RAM). A worker runs each
+            child under a data-size cap a little above it (or above a CPU spec's
+            ``memory_limit_bytes`` when lower; see :mod:`worker.hostmem`), so exhaustion is
+            recorded ``oom``; the API rejects specs whose parameters, gradients and
+            optimizer state alone exceed it (set it on the backend to the workers' figure).
         max_steps: most ``steps`` a submitted spec may ask for (default 100000).
         max_batch_size: most ``batch_size`` a submitted spec may ask for (default 65536).
         max_param_count: most model parameters a submitted spec may build, estimated from
@@ -47,6 +68,8 @@ class Settings(BaseSettings):
         max_request_bytes: larger request bodies get 413 (default 1 MiB).
         max_sweep_size: most experiments one sweep may queue, baselines included (default 256).
         sse_poll_interval_s: how often a live stream polls the database, seconds (default 0.15).
+        max_streams: most live streams one API server keeps open; more get 503 with
+            ``Retry-After`` (default 200; a stream holds no database connection between polls).
         series_max_points: largest ``max_points`` a series request may ask for (default 20000).
         series_cache_bytes: memory the API may keep for per-step series, bytes (default 256 MiB).
         series_warm_interval_s: how often the API brings the cached series of running
@@ -61,18 +84,21 @@ class Settings(BaseSettings):
     port: int = Field(8000, ge=1, le=65535)
     poll_interval_s: float = Field(0.5, gt=0)
     default_timeout_s: float = Field(3600.0, gt=0)
-    lease_s: float = Field(30.0, gt=0)
+    lease_s: float = Field(60.0, gt=0)
     max_attempts: int = Field(3, ge=1)
     shutdown_grace_s: float = Field(30.0, ge=0)
+    worker_cpu_threads: int | None = Field(None, ge=1)
     api_token: SecretStr | None = None
     cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    worker_memory_bytes: int = Field(default_factory=host_memory_bytes, ge=1, le=2**60)
     max_steps: int = Field(100_000, ge=1)
     max_batch_size: int = Field(65_536, ge=1)
     max_param_count: int = Field(1_000_000_000, ge=1)
     max_request_bytes: int = Field(1_048_576, ge=1024)
     max_sweep_size: int = Field(256, ge=1)
     sse_poll_interval_s: float = Field(0.15, gt=0, le=5)
-    series_max_points: int = Field(20_000, ge=10)
+    max_streams: int = Field(200, ge=1)
+    series_max_points: int = Field(20_000, ge=10, le=1_000_000)
     series_cache_bytes: int = Field(256 * 2**20, ge=0)
     series_warm_interval_s: float = Field(2.0, ge=0)
 

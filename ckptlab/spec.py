@@ -14,9 +14,10 @@ Example (JSON)::
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 __all__ = [
@@ -32,6 +33,7 @@ __all__ = [
     "STRATEGIES",
     "SELECTIVE_POLICIES",
     "MODEL_KINDS",
+    "find_unstorable",
 ]
 
 STRATEGIES = ("none", "sequential", "per_block", "selective", "offload")
@@ -44,7 +46,7 @@ class _Strict(BaseModel):
     """Base for spec parts: unknown fields are rejected, so a misspelled option is an
     error instead of a silently ignored default."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
 
 class MLPSpec(_Strict):
@@ -61,7 +63,7 @@ class MLPSpec(_Strict):
     depth: int = Field(32, ge=1, le=1024, description="number of identical blocks")
     width: int = Field(1024, ge=1, le=16384, description="features per block")
     dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout probability after each block")
-    stem: bool = Field(True, description="put a Linear+ReLU stem before the blocks")
+    stem: StrictBool = Field(True, description="put a Linear+ReLU stem before the blocks")
 
 
 class ResNetSpec(_Strict):
@@ -178,8 +180,8 @@ class CheckpointSpec(_Strict):
     segments: int = Field(1, ge=1, description="segments for strategy 'sequential'")
     every: int = Field(1, ge=1, description="blocks per checkpointed group for 'per_block' and 'selective'")
     policy: Literal["save_matmuls", "save_matmuls_and_attention", "recompute_all"] = "save_matmuls"
-    use_reentrant: bool = False
-    preserve_rng_state: bool = True
+    use_reentrant: StrictBool = False
+    preserve_rng_state: StrictBool = True
 
 
 class ExperimentSpec(_Strict):
@@ -188,8 +190,21 @@ class ExperimentSpec(_Strict):
     Args:
         model: the model to train (``kind``: mlp, resnet, transformer, densenet, custom).
         batch_size: samples per micro-batch (default 64).
-        steps: optimizer steps, warm-up included (default 5).
-        warmup_steps: first steps left out of the medians (default 1; must be < steps).
+        steps: optimizer steps of the memory pass, warm-up included (default 5); with
+            ``memory_early_stop`` fewer run when memory is flat.
+        warmup_steps: first steps left out of the memory medians (default 1; must be < steps).
+        timed_steps: optimizer steps of the timing pass that follows the ``steps`` memory
+            steps (default 20; 0: take the timings from the memory steps). On CPU the
+            timing pass runs with the live-tensor tracker off, so the tracker's per-op cost
+            is not in the step times; on CUDA the allocator statistics cost nothing and the
+            timed steps keep their memory readings. The step times' median, interquartile
+            range and bootstrap 95% interval come from these steps.
+        memory_early_stop: end the memory pass after two consecutive steps past the
+            warm-up whose memory readings are byte-identical (live, peak, per phase and
+            per category): once the optimizer state exists every further step reads the
+            same (default True). A memory that grows per step runs all ``steps`` and is
+            reported (finding ``memory_grows_per_step``). The timing pass always runs its
+            full ``timed_steps``. False: run every memory step.
         grad_accum_steps: micro-batches per optimizer step; the loss is divided by it
             (default 1). Memory is that of one micro-batch.
         checkpoint: the checkpointing setting (see :class:`CheckpointSpec`).
@@ -214,16 +229,29 @@ class ExperimentSpec(_Strict):
     batch_size: int = Field(64, ge=1, le=65536)
     steps: int = Field(5, ge=1, le=100_000)
     warmup_steps: int = Field(1, ge=0)
+    timed_steps: int = Field(20, ge=0, le=100_000)
+    memory_early_stop: bool = True
     grad_accum_steps: int = Field(1, ge=1, le=1024)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     amp: Literal["off", "fp16", "bf16"] = "off"
     optimizer: Literal["sgd", "adam", "adamw"] = "adam"
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    seed: int = Field(0, ge=0, le=2**63 - 1)
+    seed: int = Field(0, ge=0, le=2**53 - 1)
     memory_limit_bytes: int | None = Field(None, ge=1)
-    verify_gradients: bool = True
-    memory_snapshot: bool = False
+    verify_gradients: StrictBool = True
+    memory_snapshot: StrictBool = False
     timeout_s: float | None = Field(None, gt=0, le=7 * 24 * 3600)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _text_and_numbers(cls, data: Any) -> Any:
+        # Every string must be encodable as UTF-8 (a lone surrogate such as "\ud800" is not:
+        # stored, it would break every read) and every number finite (JSON has no NaN).
+        bad = find_unstorable(data)
+        if bad is not None:
+            loc, value, message = bad
+            raise _field_error(loc, repr(value), message)
+        return data
 
     @model_validator(mode="before")
     @classmethod
@@ -268,6 +296,32 @@ class ExperimentSpec(_Strict):
                 "strategy 'selective' needs use_reentrant false (PyTorch: context_fn requires use_reentrant=False)",
             )
         return self
+
+
+def find_unstorable(value: Any, loc: tuple[str | int, ...] = ()) -> tuple[tuple, Any, str] | None:
+    """The first string that is not encodable as UTF-8 (a lone surrogate) or number that is
+    not finite in a JSON-like ``value``, as ``(loc, value, message)``; None when all is
+    storable. Keys are checked too. (OWASP input validation: reject, do not repair.)"""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return loc, value, "text must be valid UTF-8 (it holds a lone surrogate)"
+        return None
+    if isinstance(value, float) and not math.isfinite(value):
+        return loc, value, "numbers must be finite (NaN and Infinity are not JSON)"
+    if isinstance(value, dict):
+        for k, v in value.items():
+            found = find_unstorable(k, (*loc, "[key]")) if isinstance(k, str) else None
+            found = found or find_unstorable(v, (*loc, k))
+            if found:
+                return found
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            found = find_unstorable(v, (*loc, i))
+            if found:
+                return found
+    return None
 
 
 def _field_error(loc: tuple[str, ...], value: object, message: str) -> ValidationError:

@@ -2,7 +2,8 @@
 
 Tables (after MLflow's metric storage: one row per experiment, attempt and step):
 
-- ``experiments``: the spec (JSON), lifecycle ``status`` (see :data:`STATUSES`), timestamps
+- ``experiments``: the spec (JSON), lifecycle ``status`` (:class:`ckptlab.domain.Status`,
+  held to its values by a CHECK constraint), timestamps
   (UTC), the worker that holds it, the summary (JSON) and the error text.
 - ``steps``: per-step timings in ms and memory in bytes. Non-finite losses are stored
   explicitly: ``loss`` is NULL and ``loss_nonfinite`` says ``nan``, ``inf`` or ``-inf``.
@@ -10,13 +11,14 @@ Tables (after MLflow's metric storage: one row per experiment, attempt and step)
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import (
     JSON,
     BigInteger,
     Boolean,
+    CheckConstraint,
     DateTime,
     Float,
     ForeignKey,
@@ -29,19 +31,14 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.types import TypeDecorator
 
-__all__ = ["Base", "Experiment", "Step", "Sweep", "Worker", "STATUSES", "FINISHED_STATUSES", "utcnow"]
+from ckptlab.domain import Status
 
-#: Lifecycle of an experiment. ``queued`` -> ``running`` -> one of the finished statuses.
-#: ``oom``: ran out of (real or emulated) device memory; ``timed_out``: killed after
-#: ``timeout_s``; ``cancelled``: by a user; ``failed``: any other error, or its worker was lost
-#: more than the allowed number of times.
-STATUSES = ("queued", "running", "succeeded", "failed", "oom", "timed_out", "cancelled")
-FINISHED_STATUSES = ("succeeded", "failed", "oom", "timed_out", "cancelled")
+__all__ = ["Base", "Experiment", "Step", "Sweep", "Worker", "utcnow"]
 
 
 def utcnow() -> datetime:
     """The current time, timezone-aware UTC."""
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 class UTCDateTime(TypeDecorator):
@@ -52,12 +49,12 @@ class UTCDateTime(TypeDecorator):
 
     def process_bind_param(self, value: datetime | None, dialect) -> datetime | None:
         if value is not None and value.tzinfo is not None:
-            value = value.astimezone(timezone.utc)
+            value = value.astimezone(UTC)
         return value
 
     def process_result_value(self, value: datetime | None, dialect) -> datetime | None:
         if value is not None and value.tzinfo is None:
-            value = value.replace(tzinfo=timezone.utc)
+            value = value.replace(tzinfo=UTC)
         return value
 
 
@@ -69,9 +66,12 @@ class Experiment(Base):
     """One submitted experiment and its outcome."""
 
     __tablename__ = "experiments"
+    __table_args__ = (
+        CheckConstraint("status IN (" + ", ".join(f"'{s.value}'" for s in Status) + ")", name="ck_experiments_status"),
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    status: Mapped[str] = mapped_column(String(16), default="queued", index=True)
+    status: Mapped[str] = mapped_column(String(16), default=Status.QUEUED, index=True)
     spec: Mapped[dict[str, Any]] = mapped_column(JSON)
     model_kind: Mapped[str] = mapped_column(String(32))
     strategy: Mapped[str] = mapped_column(String(32))
@@ -143,8 +143,9 @@ class Step(Base):
     backward_ms: Mapped[float] = mapped_column(Float)
     optimizer_ms: Mapped[float] = mapped_column(Float)
     step_ms: Mapped[float] = mapped_column(Float)
-    allocated_bytes: Mapped[int] = mapped_column(BigInteger)
-    peak_allocated_bytes: Mapped[int] = mapped_column(BigInteger)
+    #: None on the steps of the CPU timing pass (``extra["pass"] == "timed"``): not measured.
+    allocated_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    peak_allocated_bytes: Mapped[int | None] = mapped_column(BigInteger)
     reserved_bytes: Mapped[int | None] = mapped_column(BigInteger)
     loss: Mapped[float | None] = mapped_column(Float)
     loss_nonfinite: Mapped[str | None] = mapped_column(String(8))

@@ -1,18 +1,19 @@
-"""The reaper thread: requeues experiments whose worker fell silent (see
-:func:`ckptlab.db.store.reap_lost`). Every worker runs one, and so does the backend, so
+"""The reaper (a side task): requeues experiments whose worker fell silent (see
+:func:`ckptlab.db.queue.reap_lost`). Every worker runs one, and so does the backend, so
 that lost experiments are recovered while anything at all is running."""
 
 from __future__ import annotations
 
 import logging
-import threading
+from collections.abc import Callable
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from ckptlab.db.store import reap_lost
+from ckptlab.db.queue import reap_lost
 from ckptlab.settings import Settings
+from ckptlab.side_tasks import SideTask
 
-__all__ = ["start_reaper_thread", "reap_once"]
+__all__ = ["reaper_task", "reap_once"]
 
 log = logging.getLogger("ckptlab.reaper")
 
@@ -32,26 +33,27 @@ def reap_once(Session: sessionmaker[Session], settings: Settings) -> int:
     return n
 
 
-def start_reaper_thread(
-    Session: sessionmaker[Session], settings: Settings, stop_event: threading.Event
-) -> threading.Thread:
-    """Start a daemon thread that runs :func:`reap_once` now and every ``lease_s / 3`` seconds.
+def reaper_task(
+    Session: sessionmaker[Session],
+    settings: Settings,
+    *,
+    restart: bool = False,
+    on_death: Callable[[SideTask, BaseException], None] | None = None,
+) -> SideTask:
+    """A side task named ``reaper`` running :func:`reap_once` now and every
+    ``heartbeat_interval_s`` (``lease_s / 3`` by default) seconds; call ``start()`` on it.
 
     Args:
         Session: session factory of the shared database.
-        settings: ``lease_s`` and ``max_attempts`` are used.
-        stop_event: set it to end the thread (then ``join`` the returned thread).
-
-    Returns:
-        The started thread (named ``ckptlab-reaper``).
+        settings: ``lease_s``, ``max_attempts`` and ``heartbeat_interval_s`` are used.
+        restart: go on after a pass that raised (the backend); default False (the worker
+            stops on ``on_death``).
+        on_death: see :class:`ckptlab.side_tasks.SideTask`.
     """
-
-    def loop() -> None:
-        while True:
-            reap_once(Session, settings)
-            if stop_event.wait(settings.heartbeat_interval_s):
-                return
-
-    thread = threading.Thread(target=loop, name="ckptlab-reaper", daemon=True)
-    thread.start()
-    return thread
+    return SideTask(
+        "reaper",
+        lambda: reap_once(Session, settings),
+        interval_s=settings.heartbeat_interval_s,
+        restart=restart,
+        on_death=on_death,
+    )

@@ -14,7 +14,7 @@ from typing import TypeVar
 
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
-from tenacity import Retrying, before_sleep_log, retry_if_exception, stop_after_delay, wait_exponential
+from tenacity import Retrying, before_sleep_log, retry_if_exception, stop_before_delay, wait_exponential
 
 __all__ = ["is_transient", "with_retry"]
 
@@ -37,11 +37,14 @@ def with_retry(Session: sessionmaker[Session], fn: Callable[[Session], T], *, de
         Session: the session factory.
         fn: the work; it must commit what it changes and be safe to run again after a
             transient failure (a failed attempt's transaction is rolled back).
-        deadline_s: give up after this many seconds of retrying (default 60). Back-off
-            doubles from 50 ms up to 2 s between tries.
+        deadline_s: start no try later than this many seconds after the first (default 60;
+            0: one try). Back-off doubles from 50 ms up to 2 s between tries. The last try
+            may still run past it, by as long as one statement waits (the SQLite busy
+            timeout, 5 s).
 
     Raises:
-        The last transient error once ``deadline_s`` has passed; any other error at once.
+        The last transient error once the next try would start after ``deadline_s``; any
+        other error at once.
     """
 
     def once() -> T:
@@ -51,7 +54,7 @@ def with_retry(Session: sessionmaker[Session], fn: Callable[[Session], T], *, de
     retrying = Retrying(
         retry=retry_if_exception(is_transient),
         wait=wait_exponential(multiplier=0.05, max=2.0),
-        stop=stop_after_delay(deadline_s),
+        stop=stop_before_delay(deadline_s),
         before_sleep=before_sleep_log(log, logging.WARNING),
         reraise=True,
     )

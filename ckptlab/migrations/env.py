@@ -9,7 +9,7 @@ config = context.config
 connection = config.attributes.get("connection")
 
 if connection is None:  # plain `alembic upgrade head`
-    from ckptlab.db.engine import make_engine
+    from ckptlab.db.database import make_engine
     from ckptlab.settings import get_settings
 
     engine = make_engine(get_settings().resolved_database_url)

@@ -1,12 +1,12 @@
-"""Sweeps: a base spec crossed with axes of values at dotted spec paths.
+"""Sweeps: a base spec crossed with axes of values at dotted spec paths (pure planning; no
+database, no process).
 
 :func:`plan_sweep` expands ``axes`` into the cartesian product of runs (each validated with
 :class:`ckptlab.spec.ExperimentSpec`; a combination that does not validate is reported, not
 dropped) and adds one ``none`` baseline (``checkpoint.strategy = "none"``) for every
 combination of the axes that are not checkpoint settings (paths outside ``checkpoint.``).
-:func:`create_sweep` stores the plan in one transaction; :func:`sweep_rows` turns a stored
-sweep into one row per experiment with its axis values, its baseline and the summary
-metrics the charts and exports use.
+The backend stores a plan with :func:`ckptlab.db.store.create_sweep` and answers a dry run
+with the plan itself.
 """
 
 from __future__ import annotations
@@ -21,10 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Union, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
-from sqlalchemy import func, select
-from sqlalchemy.orm import Session, selectinload
 
-from ckptlab.db.models import FINISHED_STATUSES, STATUSES, Experiment, Sweep, utcnow
 from ckptlab.limits import limit_errors
 from ckptlab.settings import Settings
 from ckptlab.spec import MODEL_KINDS, ExperimentSpec
@@ -33,19 +30,12 @@ __all__ = [
     "SweepError",
     "PlannedRun",
     "SweepPlan",
-    "Progress",
-    "SweepRow",
     "unknown_axis_error",
     "get_path",
     "set_path",
     "is_checkpoint_axis",
     "axis_label",
     "plan_sweep",
-    "create_sweep",
-    "get_sweep",
-    "list_sweeps",
-    "sweep_progress",
-    "sweep_rows",
 ]
 
 CHECKPOINT_PREFIX = "checkpoint."
@@ -96,31 +86,16 @@ class SweepPlan:
         invalid: combinations that did not validate:
             ``{"values": {...}, "baseline": bool, "errors": [{"loc": [...], "msg": ...}]}``.
         combinations: size of the cartesian product of the axes.
+        baselines: ``none`` baselines asked for (one per combination of the axes outside
+            ``checkpoint.``).
+        duplicates: valid combinations whose spec equals an earlier run's (queued once).
     """
 
     runs: list[PlannedRun] = field(default_factory=list)
     invalid: list[dict[str, Any]] = field(default_factory=list)
     combinations: int = 0
-
-
-@dataclass(frozen=True)
-class Progress:
-    """How far a sweep has got.
-
-    Attributes:
-        total: experiments in the sweep.
-        finished: those in a finished status (succeeded, failed, oom, timed_out, cancelled).
-        counts: experiments per status (every status present, zeros included).
-    """
-
-    total: int
-    finished: int
-    counts: dict[str, int]
-
-    @property
-    def done(self) -> bool:
-        """Every experiment has finished."""
-        return self.finished >= self.total
+    baselines: int = 0
+    duplicates: int = 0
 
 
 def get_path(data: Mapping[str, Any], path: str, default: Any = None) -> Any:
@@ -294,7 +269,7 @@ def plan_sweep(
             ]
         )
 
-    plan = SweepPlan(combinations=combinations)
+    plan = SweepPlan(combinations=combinations, baselines=baselines)
     seen: set[str] = set()
 
     def add(values: dict[str, Any], baseline: bool) -> bool:
@@ -307,7 +282,9 @@ def plan_sweep(
             plan.invalid.append({"values": values, "baseline": baseline, "errors": errs})
             return False
         key = json.dumps(spec.model_dump(mode="json"), sort_keys=True)
-        if key not in seen:  # e.g. a run with strategy "none" is its own baseline
+        if key in seen:  # e.g. a run with strategy "none" is its own baseline
+            plan.duplicates += 1
+        else:
             seen.add(key)
             plan.runs.append(PlannedRun(values=values, spec=spec, baseline=baseline))
         return True
@@ -342,183 +319,3 @@ def _no_valid_errors(examples: list[dict[str, Any]], combinations: int, paths: l
                 }
             )
     return out or [{"loc": ["axes"], "msg": "no valid combination", "type": "no_valid_combination"}]
-
-
-def create_sweep(
-    session: Session, *, name: str, base: Mapping[str, Any], axes: Mapping[str, Sequence[Any]], plan: SweepPlan
-) -> Sweep:
-    """Store a sweep and queue its runs (baselines first) in one transaction.
-
-    Args:
-        name: the sweep's name.
-        base: the base spec as submitted.
-        axes: the axes as submitted.
-        plan: the result of :func:`plan_sweep` for ``base`` and ``axes``.
-
-    Returns:
-        The stored sweep (committed), its experiments loaded.
-    """
-    now = utcnow()
-    sweep = Sweep(name=name, base=dict(base), axes=dict(axes), invalid=plan.invalid, created_at=now, cancelled=False)
-    sweep.experiments = [
-        Experiment(
-            spec=run.spec.model_dump(mode="json"),
-            model_kind=run.spec.model.kind,
-            strategy=run.spec.checkpoint.strategy,
-            status="queued",
-            created_at=now,
-            attempt=0,
-        )
-        for run in plan.runs
-    ]
-    session.add(sweep)
-    session.commit()
-    return sweep
-
-
-def get_sweep(session: Session, *, sweep_id: int) -> Sweep | None:
-    """One sweep with its experiments (by id), or None."""
-    return session.scalars(
-        select(Sweep)
-        .where(Sweep.id == sweep_id)
-        .options(selectinload(Sweep.experiments))
-        .execution_options(populate_existing=True)
-    ).first()
-
-
-def sweep_progress(session: Session, *, sweep_ids: Sequence[int]) -> dict[int, Progress]:
-    """Progress of each sweep in ``sweep_ids`` (one grouped count query).
-
-    Returns:
-        sweep id -> :class:`Progress` (sweeps without experiments get a zero total).
-    """
-    counts: dict[int, dict[str, int]] = {sid: dict.fromkeys(STATUSES, 0) for sid in sweep_ids}
-    if sweep_ids:
-        rows = session.execute(
-            select(Experiment.sweep_id, Experiment.status, func.count())
-            .where(Experiment.sweep_id.in_(sweep_ids))
-            .group_by(Experiment.sweep_id, Experiment.status)
-        ).all()
-        for sid, status, n in rows:
-            counts[sid][status] = counts[sid].get(status, 0) + n
-    return {
-        sid: Progress(total=sum(c.values()), finished=sum(n for s, n in c.items() if s in FINISHED_STATUSES), counts=c)
-        for sid, c in counts.items()
-    }
-
-
-def list_sweeps(session: Session, *, offset: int = 0, limit: int = 100) -> tuple[list[Sweep], int]:
-    """Sweeps, newest first, and the total count.
-
-    Args:
-        offset: sweeps to skip (default 0).
-        limit: most sweeps to return (default 100).
-    """
-    rows = session.scalars(select(Sweep).order_by(Sweep.id.desc()).offset(offset).limit(limit)).all()
-    return list(rows), session.scalar(select(func.count()).select_from(Sweep)) or 0
-
-
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) else None
-
-
-#: Summary keys copied into :class:`SweepRow` metrics when they are finite numbers.
-ROW_METRICS = (
-    "activation_bytes",
-    "peak_allocated_bytes",
-    "recompute_peak_bytes",
-    "step_time_ms",
-    "forward_ms",
-    "backward_ms",
-    "optimizer_ms",
-    "grad_max_abs_diff",
-    "loss_diff",
-    "final_loss",
-)
-
-
-@dataclass
-class SweepRow:
-    """One experiment of a sweep, as the charts and exports see it.
-
-    Attributes:
-        experiment_id: the experiment.
-        status: its status.
-        role: ``baseline`` (``checkpoint.strategy`` is ``none``) or ``run``.
-        values: axis path -> value (checkpoint axes are None for baselines, except
-            ``checkpoint.strategy``).
-        group: the values of the non-checkpoint axes (which baseline applies).
-        baseline_id: the experiment id of the matching baseline, or None.
-        metrics: numbers from the summary (:data:`ROW_METRICS`; missing keys are None) plus
-            ``overhead_pct`` (step time over the baseline's, %) and
-            ``activation_saving_pct`` (activation bytes saved against the baseline, %).
-        gradients_match: the summary's ``gradients_match`` (None when not verified).
-        error: the error text's first line, or None.
-        label: ``axis_label`` of the values (e.g. ``segments=2 rng=on amp=off``).
-    """
-
-    experiment_id: int
-    status: str
-    role: str
-    values: dict[str, Any]
-    group: dict[str, Any]
-    baseline_id: int | None
-    metrics: dict[str, float | None]
-    gradients_match: bool | None
-    error: str | None
-    label: str
-
-
-def _group_key(values: Mapping[str, Any]) -> str:
-    return json.dumps(values, sort_keys=True, default=str)
-
-
-def sweep_rows(sweep: Sweep) -> list[SweepRow]:
-    """One :class:`SweepRow` per experiment of ``sweep`` (in id order), baselines matched.
-
-    Robust to summaries that lack keys or hold non-numbers (those metrics are None).
-    """
-    paths = list(sweep.axes or {})
-    other = [p for p in paths if not is_checkpoint_axis(p)]
-    rows: list[SweepRow] = []
-    for exp in sorted(sweep.experiments, key=lambda e: e.id):
-        spec = exp.spec or {}
-        baseline = get_path(spec, "checkpoint.strategy") == "none"
-        values = {
-            p: (None if baseline and is_checkpoint_axis(p) and p != "checkpoint.strategy" else get_path(spec, p))
-            for p in paths
-        }
-        summary = exp.summary if isinstance(exp.summary, dict) else {}
-        metrics = {k: _number(summary.get(k)) for k in ROW_METRICS}
-        gm = summary.get("gradients_match")
-        rows.append(
-            SweepRow(
-                experiment_id=exp.id,
-                status=exp.status,
-                role="baseline" if baseline else "run",
-                values=values,
-                group={p: values[p] for p in other},
-                baseline_id=None,
-                metrics=metrics,
-                gradients_match=gm if isinstance(gm, bool) else None,
-                error=exp.error.splitlines()[0] if exp.error else None,
-                label=axis_label(values, [p for p in paths if not (baseline and values[p] is None)]) or "base",
-            )
-        )
-    baselines: dict[str, SweepRow] = {}
-    for r in rows:
-        if r.role == "baseline":
-            key = _group_key(r.group)
-            # Prefer a succeeded baseline when the group has several.
-            if key not in baselines or (baselines[key].status != "succeeded" and r.status == "succeeded"):
-                baselines[key] = r
-    for r in rows:
-        b = baselines.get(_group_key(r.group))
-        r.baseline_id = b.experiment_id if b else None
-        t, bt = r.metrics["step_time_ms"], b.metrics["step_time_ms"] if b else None
-        a, ba = r.metrics["activation_bytes"], b.metrics["activation_bytes"] if b else None
-        r.metrics["overhead_pct"] = 100.0 * (t / bt - 1.0) if t is not None and bt else None
-        r.metrics["activation_saving_pct"] = 100.0 * (1.0 - a / ba) if a is not None and ba else None
-    return rows

@@ -1,3 +1,0 @@
-from ckptlab.cli import main
-
-main()

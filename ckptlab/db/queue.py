@@ -1,0 +1,318 @@
+"""The queue protocol, shared by every worker and the backend on SQLite and PostgreSQL.
+
+This module is the only place that moves an experiment between statuses
+(:class:`ckptlab.domain.Status`); after procrastinate's ``manager``, it is the only caller
+of the claim SQL.
+
+- :func:`claim_next` moves the oldest ``queued`` experiment to ``running`` and raises its
+  ``attempt``; steps are stored per attempt.
+- Workers :func:`register_worker` and :func:`heartbeat_worker`; :func:`reap_lost` requeues a
+  running experiment whose worker fell silent for longer than the lease (or fails it with
+  "worker lost" after the maximum attempts). Times come from the database's clock on
+  PostgreSQL, so hosts with skewed clocks agree on who is silent.
+- :func:`finish_experiment` and :func:`requeue_experiment` only touch the attempt they are
+  given while it is still ``running``, so a worker that lost its lease can never overwrite
+  the outcome of a later attempt.
+- :func:`request_cancel` and :func:`cancel_sweep` are the user's side of the protocol.
+
+All functions take keyword-only arguments and a SQLAlchemy ``Session`` and commit, so that
+other processes see the change at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import and_, exists, select, update
+from sqlalchemy.orm import Session
+
+from ckptlab.db.database import db_now, is_postgresql
+from ckptlab.db.models import Experiment, Sweep, Worker
+from ckptlab.domain import FINISHED_STATUSES, Status
+
+__all__ = [
+    "claim_next",
+    "finish_experiment",
+    "requeue_experiment",
+    "request_cancel",
+    "cancel_sweep",
+    "ExperimentFinishedError",
+    "RunState",
+    "get_run_state",
+    "register_worker",
+    "heartbeat_worker",
+    "stop_worker",
+    "reap_lost",
+    "WORKER_LOST",
+]
+
+#: Error text of an experiment failed because its worker was lost ``max_attempts`` times.
+WORKER_LOST = "worker lost"
+
+
+def claim_next(session: Session, *, worker_id: str) -> Experiment | None:
+    """Atomically move the oldest queued experiment to ``running`` for ``worker_id``.
+
+    One ``UPDATE ... WHERE status = <queued> ... RETURNING`` statement, so two workers can
+    never claim the same experiment: on SQLite the write lock serialises them; on PostgreSQL
+    the inner select takes ``FOR UPDATE SKIP LOCKED``. Returns None when the queue is empty.
+    """
+    inner = select(Experiment.id).where(Experiment.status == Status.QUEUED).order_by(Experiment.id).limit(1)
+    if is_postgresql(session):
+        inner = inner.with_for_update(skip_locked=True)
+    stmt = (
+        update(Experiment)
+        .where(Experiment.id == inner.scalar_subquery(), Experiment.status == Status.QUEUED)
+        .values(
+            status=Status.RUNNING,
+            worker_id=worker_id,
+            started_at=db_now(session),
+            finished_at=None,
+            attempt=Experiment.attempt + 1,
+        )
+        .returning(Experiment.id)
+    )
+    claimed = session.execute(stmt).scalar_one_or_none()
+    session.commit()
+    if claimed is None:
+        return None
+    return session.get(Experiment, claimed, populate_existing=True)
+
+
+def finish_experiment(
+    session: Session,
+    *,
+    experiment_id: int,
+    status: Status,
+    summary: Mapping[str, Any] | None = None,
+    error: str | None = None,
+    warnings: Sequence[str] | None = None,
+    snapshot_path: str | None = None,
+    attempt: int | None = None,
+) -> bool:
+    """Record the outcome of a running experiment; returns whether it was recorded.
+
+    Only an experiment still ``running`` (and, when ``attempt`` is given, still in that
+    attempt) is changed: a worker that lost its lease cannot overwrite a later attempt, and a
+    cancelled or finished experiment keeps its outcome.
+
+    Args:
+        status: one of the finished statuses (``succeeded``, ``failed``, ``oom``,
+            ``timed_out``, ``cancelled``).
+        summary: JSON-able summary (the engine's on success; the out-of-memory details on oom).
+        error: error text (None on success).
+        warnings: warnings raised during the run, stored in ``experiments.warnings``.
+        snapshot_path: path of a CUDA memory snapshot written by the run.
+        attempt: the attempt being finished. Default: whichever is current.
+
+    Raises:
+        ValueError: ``status`` is not a finished status.
+    """
+    if status not in FINISHED_STATUSES:
+        raise ValueError(f"{status!r} is not a finished status; expected one of {', '.join(FINISHED_STATUSES)}")
+    stmt = update(Experiment).where(Experiment.id == experiment_id, Experiment.status == Status.RUNNING)
+    if attempt is not None:
+        stmt = stmt.where(Experiment.attempt == attempt)
+    values: dict[str, Any] = {
+        "status": status,
+        "summary": dict(summary) if summary else None,
+        "error": error,
+        "finished_at": db_now(session),
+    }
+    if warnings is not None:
+        values["warnings"] = list(warnings)
+    if snapshot_path is not None:
+        values["snapshot_path"] = snapshot_path
+    done = session.execute(stmt.values(**values)).rowcount
+    session.commit()
+    return bool(done)
+
+
+def requeue_experiment(session: Session, *, experiment_id: int, attempt: int) -> bool:
+    """Put a running experiment back in the queue; returns whether it was requeued.
+
+    Its ``attempt`` is kept (the next claim raises it) and the steps of this attempt stay
+    stored. Used when a worker shuts down before the experiment finished. Only changes the
+    experiment while it is ``running`` in ``attempt``.
+    """
+    done = session.execute(
+        update(Experiment)
+        .where(Experiment.id == experiment_id, Experiment.status == Status.RUNNING, Experiment.attempt == attempt)
+        .values(status=Status.QUEUED, worker_id=None, started_at=None)
+    ).rowcount
+    session.commit()
+    return bool(done)
+
+
+class ExperimentFinishedError(Exception):
+    """The experiment has already finished (its status is one of ``FINISHED_STATUSES``)."""
+
+    def __init__(self, experiment: Experiment):
+        super().__init__(f"experiment {experiment.id} has already finished ({experiment.status})")
+        self.experiment = experiment
+
+
+def request_cancel(session: Session, *, experiment_id: int) -> Experiment | None:
+    """Cancel an experiment: a queued one at once, a running one by its worker.
+
+    A queued experiment becomes ``cancelled`` in this call. A running one gets
+    ``cancel_requested``; its worker polls the flag (every 0.25 s), kills the run and records
+    ``cancelled``. Asking again for a running experiment is harmless.
+
+    Returns:
+        The experiment as stored after the request, or None when there is no such id.
+
+    Raises:
+        ExperimentFinishedError: the experiment had already finished.
+    """
+    now = db_now(session)
+    cancelled = session.execute(
+        update(Experiment)
+        .where(Experiment.id == experiment_id, Experiment.status == Status.QUEUED)
+        .values(status=Status.CANCELLED, cancel_requested=True, finished_at=now, error="cancelled before it started")
+        .returning(Experiment.id)
+    ).first()
+    flagged = None
+    if cancelled is None:
+        flagged = session.execute(
+            update(Experiment)
+            .where(Experiment.id == experiment_id, Experiment.status == Status.RUNNING)
+            .values(cancel_requested=True)
+            .returning(Experiment.id)
+        ).first()
+    session.commit()
+    exp = session.get(Experiment, experiment_id, populate_existing=True)
+    if exp is None:
+        return None
+    if cancelled is None and flagged is None:
+        raise ExperimentFinishedError(exp)
+    return exp
+
+
+def cancel_sweep(session: Session, *, sweep_id: int) -> int | None:
+    """Cancel every unfinished experiment of a sweep and mark the sweep ``cancelled``.
+
+    Queued experiments become ``cancelled`` at once; running ones get ``cancel_requested``
+    (their workers stop them within about a second, see :func:`request_cancel`).
+
+    Returns:
+        How many experiments were cancelled or flagged, or None when there is no such sweep.
+    """
+    sweep = session.get(Sweep, sweep_id)
+    if sweep is None:
+        return None
+    sweep.cancelled = True
+    queued = session.execute(
+        update(Experiment)
+        .where(Experiment.sweep_id == sweep_id, Experiment.status == Status.QUEUED)
+        .values(
+            status=Status.CANCELLED,
+            cancel_requested=True,
+            finished_at=db_now(session),
+            error="cancelled before it started",
+        )
+    ).rowcount
+    running = session.execute(
+        update(Experiment)
+        .where(Experiment.sweep_id == sweep_id, Experiment.status == Status.RUNNING)
+        .values(cancel_requested=True)
+    ).rowcount
+    session.commit()
+    return queued + running
+
+
+@dataclass(frozen=True)
+class RunState:
+    """What a worker re-reads about the experiment it runs (see :func:`get_run_state`)."""
+
+    status: Status
+    attempt: int
+    worker_id: str | None
+    cancel_requested: bool
+
+
+def get_run_state(session: Session, *, experiment_id: int) -> RunState | None:
+    """The status, attempt, holder and cancel flag of an experiment (a cheap poll), or None."""
+    row = session.execute(
+        select(Experiment.status, Experiment.attempt, Experiment.worker_id, Experiment.cancel_requested).where(
+            Experiment.id == experiment_id
+        )
+    ).first()
+    return RunState(Status(row[0]), row[1], row[2], bool(row[3])) if row else None
+
+
+def register_worker(session: Session, *, worker_id: str, host: str, pid: int, devices: Sequence[str]) -> Worker:
+    """Insert or refresh the ``workers`` row of a starting worker (heartbeat now)."""
+    now = db_now(session)
+    row = session.get(Worker, worker_id)
+    if row is None:
+        row = Worker(id=worker_id)
+        session.add(row)
+    row.host, row.pid, row.devices = host, pid, list(devices)
+    row.started_at = row.heartbeat_at = now
+    row.stopped_at = None
+    session.commit()
+    return session.get(Worker, worker_id, populate_existing=True)
+
+
+def heartbeat_worker(session: Session, *, worker_id: str) -> bool:
+    """Set the worker's ``heartbeat_at`` to now; returns False when it is not registered."""
+    done = session.execute(
+        update(Worker).where(Worker.id == worker_id).values(heartbeat_at=db_now(session), stopped_at=None)
+    ).rowcount
+    session.commit()
+    return bool(done)
+
+
+def stop_worker(session: Session, *, worker_id: str) -> None:
+    """Mark a worker stopped (``stopped_at`` now): the reaper no longer waits for its lease."""
+    session.execute(update(Worker).where(Worker.id == worker_id).values(stopped_at=db_now(session)))
+    session.commit()
+
+
+def reap_lost(session: Session, *, lease_s: float, max_attempts: int) -> int:
+    """Requeue (or fail) running experiments whose worker is lost; returns how many changed.
+
+    An experiment is lost when it is ``running``, was claimed more than ``lease_s`` ago, and
+    its worker is not a registered, unstopped worker that heartbeated within ``lease_s``.
+    A lost experiment with ``cancel_requested`` becomes ``cancelled``; one already claimed
+    ``max_attempts`` times becomes ``failed`` with error :data:`WORKER_LOST`; any other goes
+    back to ``queued`` with its attempt kept (the next claim raises it, and the lost
+    attempt's steps stay stored under their attempt number). Safe to run from every worker
+    and the backend at once: on PostgreSQL the rows are locked ``FOR UPDATE SKIP LOCKED``,
+    and every update re-checks that the experiment is still lost.
+
+    Args:
+        lease_s: seconds of heartbeat silence after which a worker is lost (> 0).
+        max_attempts: attempts after which a lost experiment fails instead (>= 1).
+    """
+    now = db_now(session)
+    cutoff = now - timedelta(seconds=lease_s)
+    alive = select(Worker.id).where(
+        Worker.id == Experiment.worker_id, Worker.stopped_at.is_(None), Worker.heartbeat_at >= cutoff
+    )
+    lost = and_(Experiment.status == Status.RUNNING, Experiment.started_at < cutoff, ~exists(alive))
+    candidates = select(Experiment.id).where(lost).order_by(Experiment.id)
+    if is_postgresql(session):
+        candidates = candidates.with_for_update(skip_locked=True, of=Experiment)
+    ids = list(session.scalars(candidates))
+    if not ids:
+        session.rollback()
+        return 0
+    chosen = update(Experiment).where(Experiment.id.in_(ids), lost)
+    changed = session.execute(
+        chosen.where(Experiment.cancel_requested.is_(True)).values(
+            status=Status.CANCELLED, finished_at=now, error="cancelled; its worker was lost"
+        )
+    ).rowcount
+    changed += session.execute(
+        chosen.where(Experiment.attempt >= max_attempts).values(
+            status=Status.FAILED, finished_at=now, error=WORKER_LOST
+        )
+    ).rowcount
+    changed += session.execute(chosen.values(status=Status.QUEUED, worker_id=None, started_at=None)).rowcount
+    session.commit()
+    return changed

@@ -1,0 +1,85 @@
+"""The vocabulary of ckptlab, defined once: experiment statuses and memory categories.
+
+Both processes (backend and worker), the CLI, the migrations' CHECK constraint and the
+frontend (through ``GET /api/meta``) read these definitions; nothing else spells a status
+or a category as a string. This module imports neither torch nor FastAPI.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+__all__ = ["Status", "MemoryCategory", "FINISHED_STATUSES", "ACTIVE_STATUSES", "STEP_FIELDS"]
+
+
+class Status(StrEnum):
+    """Lifecycle of an experiment: ``queued`` -> ``running`` -> one finished status.
+
+    Stored as its string value in ``experiments.status`` (a CHECK constraint allows only
+    these values). After procrastinate's ``jobs.Status``.
+    """
+
+    #: Submitted and waiting for a worker to claim it.
+    QUEUED = "queued"
+    #: Claimed by a worker; its child process is running the training steps.
+    RUNNING = "running"
+    #: Every step ran; the summary holds the measurements.
+    SUCCEEDED = "succeeded"
+    #: Any error other than the ones below, or its worker was lost ``max_attempts`` times.
+    FAILED = "failed"
+    #: Ran out of real or emulated (``memory_limit_bytes``) memory; the summary says where.
+    OOM = "oom"
+    #: Killed after ``timeout_s`` seconds (or the worker's default timeout).
+    TIMED_OUT = "timed_out"
+    #: Cancelled by a user, before it started or while it ran.
+    CANCELLED = "cancelled"
+
+    @property
+    def finished(self) -> bool:
+        """Whether this is a final status (no worker will change it again)."""
+        return self in FINISHED_STATUSES
+
+
+#: The final statuses, in display order.
+FINISHED_STATUSES: tuple[Status, ...] = (
+    Status.SUCCEEDED,
+    Status.FAILED,
+    Status.OOM,
+    Status.TIMED_OUT,
+    Status.CANCELLED,
+)
+#: Statuses an experiment can still leave.
+ACTIVE_STATUSES: tuple[Status, ...] = (Status.QUEUED, Status.RUNNING)
+
+
+#: Numeric per-step fields a step record carries and ``steps`` stores as columns (times in
+#: ms, memory in bytes).
+STEP_FIELDS: tuple[str, ...] = (
+    "forward_ms",
+    "backward_ms",
+    "optimizer_ms",
+    "step_ms",
+    "allocated_bytes",
+    "peak_allocated_bytes",
+    "reserved_bytes",
+)
+
+
+class MemoryCategory(StrEnum):
+    """What a live tensor's bytes are for, after ``torch.distributed._tools.mem_tracker``'s
+    ``_MemRefType`` (PARAM, BUFFER, GRAD, OPT, ACT, TEMP).
+
+    The engine tags each storage as it learns what it is; ``memory_at_peak`` and the
+    per-step ``extra`` breakdowns are keyed by these values.
+    """
+
+    #: Model parameters and buffers (MemTracker's PARAM + BUFFER).
+    PARAMETERS = "parameters"
+    #: ``.grad`` tensors of the parameters (GRAD).
+    GRADIENTS = "gradients"
+    #: Optimizer state such as Adam's ``exp_avg`` / ``exp_avg_sq`` (OPT), tagged as created.
+    OPTIMIZER_STATE = "optimizer_state"
+    #: Tensors created during forward and kept alive for backward (ACT).
+    ACTIVATIONS = "activations"
+    #: Everything else: the input batch, temporaries of backward and the optimizer step (TEMP).
+    OTHER = "other"
