@@ -22,242 +22,53 @@ Measurement, per optimizer step (each may span ``grad_accum_steps`` micro-batche
 
 ``activation_bytes`` (summary) is the median over measured steps of live bytes at the end of
 forward minus live bytes just before it: the bytes autograd keeps for backward.
+
+The memory pass stops early (``spec.memory_early_stop``) after two consecutive steps past
+the warm-up with byte-identical readings (:func:`worker.meter.memory_is_flat`); the timing
+pass that follows is numbered on from the last memory step and runs all ``timed_steps``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
-import platform
-import socket
 import statistics
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from ckptlab.explain import findings, peak_sentence
 from ckptlab.spec import ExperimentSpec
+from ckptlab.stats import describe
 from worker.errors import RunError, RunOutOfMemory
-from worker.memory import CATEGORIES, CudaProbe, LiveTensorTracker, SimulatedOutOfMemoryError
-from worker.models import Built, build_model
-from worker.strategies import apply_strategy
+from worker.gradcheck import verify_gradients
+from worker.hostmem import is_out_of_memory, oom_details
+from worker.memory import CATEGORIES, SimulatedOutOfMemoryError
+from worker.meter import Meter, growth_per_step, memory_is_flat, optimizer_tensors, tag_optimizer_state
+from worker.models import Built
+from worker.training import (
+    autocast_for,
+    build_checkpointed,
+    check_supported,
+    environment,
+    make_optimizer,
+    resolve_device,
+)
 
 __all__ = ["resolve_device", "run_experiment", "verify_gradients", "environment", "StepCallback"]
 
 StepCallback = Callable[[dict[str, Any]], None]
 
 
-def resolve_device(requested: str) -> torch.device:
-    """Map a device name (``auto``, ``cpu``, ``cuda``, ``cuda:N``) to a ``torch.device``.
-
-    ``auto`` picks ``cuda`` when ``torch.cuda.is_available()``, else ``cpu``.
-
-    Raises:
-        RunError: CUDA requested but not available.
-    """
-    if requested == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(requested)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise RunError(
-            f"device {requested!r} was requested but CUDA is not available on this worker; use 'auto' or 'cpu'"
-        )
-    return dev
-
-
-def _check_supported(spec: ExperimentSpec, dev: torch.device) -> None:
-    """Refuse combinations the device cannot run, saying why."""
-    if spec.amp == "bf16" and dev.type == "cuda" and not torch.cuda.is_bf16_supported():
-        raise RunError(f"amp 'bf16' is not supported on {torch.cuda.get_device_name(dev)}; use 'fp16' or 'off'")
-    if spec.amp != "off" and not torch.amp.is_autocast_available(dev.type):
-        raise RunError(f"autocast is not available for device type {dev.type!r}; use amp 'off'")
-
-
-def environment(dev: torch.device) -> dict[str, Any]:
-    """Torch version, device name, CUDA version and capability, host and Python version."""
-    env: dict[str, Any] = {
-        "torch_version": torch.__version__,
-        "device": str(dev),
-        "device_name": platform.processor() or platform.machine(),
-        "cuda_version": torch.version.cuda,
-        "capability": None,
-        "host": socket.gethostname(),
-        "python": platform.python_version(),
-        "cpu_threads": torch.get_num_threads(),
-    }
-    if dev.type == "cuda":
-        env["device_name"] = torch.cuda.get_device_name(dev)
-        env["capability"] = ".".join(map(str, torch.cuda.get_device_capability(dev)))
-        env["total_memory_bytes"] = torch.cuda.get_device_properties(dev).total_memory
-    return env
-
-
-def _autocast(spec: ExperimentSpec, dev: torch.device) -> Callable[[], contextlib.AbstractContextManager]:
-    if spec.amp == "off":
-        return contextlib.nullcontext
-    dtype = torch.bfloat16 if spec.amp == "bf16" else torch.float16
-    return lambda: torch.autocast(dev.type, dtype=dtype)
-
-
-def _make_optimizer(spec: ExperimentSpec, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
-    if spec.optimizer == "adam":
-        return torch.optim.Adam(params, lr=1e-4)
-    if spec.optimizer == "adamw":
-        return torch.optim.AdamW(params, lr=1e-4)
-    return torch.optim.SGD(params, lr=1e-3)
-
-
-def _build(spec: ExperimentSpec, dev: torch.device, on_recompute=None) -> Built:
-    torch.manual_seed(spec.seed)
-    built = build_model(spec.model)
-    built.module.to(dev).train()
-    apply_strategy(built.blocks, spec.checkpoint, device=dev, on_recompute=on_recompute)
-    return built
-
-
-def _storage_bytes(tensors: Iterator[torch.Tensor]) -> int:
-    seen: dict[int, int] = {}
-    for t in tensors:
-        st = t.untyped_storage()
-        seen[st.data_ptr() or id(st)] = st.nbytes()
-    return sum(seen.values())
-
-
-def _optimizer_tensors(opt: torch.optim.Optimizer) -> Iterator[torch.Tensor]:
-    for state in opt.state.values():
-        for v in state.values():
-            if isinstance(v, torch.Tensor):
-                yield v
-
-
-def verify_gradients(spec: ExperimentSpec, dev: torch.device) -> dict[str, Any]:
-    """Compare one step's gradients with and without the spec's checkpointing.
-
-    Both models start from the same weights (the reference's ``state_dict``), see the same
-    first batch and the same RNG seed before forward (so dropout draws the same masks in
-    the first forward). A missing ``.grad`` counts as zeros.
-
-    Returns:
-        ``grad_max_abs_diff`` (max over parameters of ``|g_ckpt - g_ref|``),
-        ``grad_max_abs`` (max ``|g_ref|``), ``loss_diff`` (``|loss_ckpt - loss_ref|``) and
-        ``gradients_match`` (``grad_max_abs_diff <= rtol * grad_max_abs + 1e-7`` with rtol
-        1e-4 in float32 and 1e-2 under autocast). All None for strategy ``none``.
-    """
-    if spec.checkpoint.strategy == "none":
-        return {"grad_max_abs_diff": None, "grad_max_abs": None, "loss_diff": None, "gradients_match": None}
-    autocast = _autocast(spec, dev)
-    torch.manual_seed(spec.seed)
-    ref = build_model(spec.model)
-    ref.module.to(dev).train()
-    ck = build_model(spec.model)
-    ck.module.load_state_dict(ref.module.state_dict())
-    ck.module.to(dev).train()
-    ck_params = list(ck.module.parameters())  # identities survive regrouping
-    apply_strategy(ck.blocks, spec.checkpoint, device=dev)
-    x, y = ref.make_batch(spec.batch_size, torch.Generator().manual_seed(spec.seed))
-    x, y = x.to(dev), y.to(dev)
-
-    def one_step(built: Built) -> float:
-        torch.manual_seed(spec.seed + 1)
-        with autocast():
-            out = built.module(x)
-        loss = built.loss_fn(out, y)
-        loss.backward()
-        return float(loss.detach().float())
-
-    loss_ref, loss_ck = one_step(ref), one_step(ck)
-    diff, scale = 0.0, 0.0
-    for pr, pc in zip(ref.module.parameters(), ck_params, strict=True):
-        gr = pr.grad if pr.grad is not None else torch.zeros_like(pr)
-        gc = pc.grad if pc.grad is not None else torch.zeros_like(pc)
-        diff = max(diff, float((gc.float() - gr.float()).abs().max()))
-        scale = max(scale, float(gr.float().abs().max()))
-    rtol = 1e-4 if spec.amp == "off" else 1e-2
-    return {
-        "grad_max_abs_diff": diff,
-        "grad_max_abs": scale,
-        "loss_diff": abs(loss_ck - loss_ref),
-        "gradients_match": diff <= rtol * scale + 1e-7,
-    }
-
-
-class _Meter:
-    """Reads memory for the engine from the CPU tracker or the CUDA allocator."""
-
-    def __init__(self, dev: torch.device, limit_bytes: int | None):
-        self.dev = dev
-        self.cuda = dev.type == "cuda"
-        self.probe: CudaProbe | LiveTensorTracker = (
-            CudaProbe(dev) if self.cuda else LiveTensorTracker(limit_bytes=limit_bytes)
-        )
-        self.recompute_peak = 0
-        self.optimizer_states_tagged = 0
-        self._recompute_start = 0
-        self._saved_category = "other"
-        self._nvml = None
-        if self.cuda:
-            try:
-                import pynvml
-
-                pynvml.nvmlInit()
-                self._nvml = pynvml.nvmlDeviceGetHandleByIndex(dev.index or 0)
-            except Exception:  # noqa: BLE001 - NVML is optional (no driver library, containers)
-                self._nvml = None
-
-    def mode(self) -> contextlib.AbstractContextManager:
-        return contextlib.nullcontext() if self.cuda else self.probe
-
-    def sync(self) -> None:
-        if self.cuda:
-            torch.cuda.synchronize(self.dev)
-
-    def set_category(self, category: str) -> None:
-        if not self.cuda:
-            self.probe.category = category
-
-    def retag(self, tensors, category: str) -> None:
-        if not self.cuda:
-            for t in tensors:
-                self.probe.retag(t, category)
-
-    def on_recompute(self, starting: bool) -> None:
-        """Hook for :class:`worker.strategies.CheckpointedGroup` around a recomputation."""
-        if starting:
-            self._recompute_start = self.probe.live_bytes
-            if not self.cuda:
-                self.probe.reset_window()
-                self._saved_category = self.probe.category
-                self.probe.category = "activations"
-            return
-        top = self.probe.live_bytes if self.cuda else self.probe.window_peak_bytes
-        self.recompute_peak = max(self.recompute_peak, top - self._recompute_start)
-        if not self.cuda:
-            self.probe.category = self._saved_category
-
-    def nvml_used(self) -> int | None:
-        if self._nvml is None:
-            return None
-        import pynvml
-
-        return int(pynvml.nvmlDeviceGetMemoryInfo(self._nvml).used)
-
-    def breakdown(self, params, opt, live: int, activations: int, peak: bool) -> dict[str, int]:
-        """Bytes per category now (CPU) or estimated from known tensors (CUDA)."""
-        if not self.cuda:
-            return dict(self.probe.peak_by_category if peak else self.probe.by_category)
-        p = _storage_bytes(iter(params))
-        g = _storage_bytes(q.grad for q in params if q.grad is not None)
-        o = _storage_bytes(_optimizer_tensors(opt))
-        act = max(min(activations, live - p - g - o), 0)
-        return {
-            "parameters": p,
-            "gradients": g,
-            "optimizer_state": o,
-            "activations": act,
-            "other": max(live - p - g - o - act, 0),
-        }
+def _optimizer_step(opt: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None) -> None:
+    """``opt.step()``, through ``scaler`` (unscale, skip on inf, update) when AMP fp16 uses one."""
+    if scaler is not None:
+        scaler.step(opt)
+        scaler.update()
+    else:
+        opt.step()
 
 
 def _median(values: list[float]) -> float | None:
@@ -289,20 +100,25 @@ def run_experiment(
         ``peak_allocated_bytes`` (max over measured steps), ``recompute_peak_bytes``,
         ``step_time_ms`` and phase medians (warm-up excluded), ``memory_at_peak`` and
         ``memory_at_forward_end`` (bytes by category), ``params_without_grad`` (parameters
-        whose ``.grad`` is None after backward, max over steps), ``param_count``,
+        whose ``.grad`` is None after backward, max over steps), ``memory_steps_run`` and
+        ``memory_steps_requested`` (the memory pass's steps, run and asked for),
+        ``memory_growth_bytes_per_step`` (see :func:`worker.meter.growth_per_step`; 0 when
+        memory does not grow at every step), ``param_count``,
         ``final_loss``, the gradient check (see :func:`verify_gradients`), ``warnings``,
         ``environment``, ``torch_version`` and, on CUDA, ``reserved_bytes`` and
         ``nvml_used_bytes`` (max over steps) and ``snapshot_path``.
 
     Raises:
-        RunOutOfMemory: CUDA out of memory or the CPU tracker's ``memory_limit_bytes``
-            passed; ``details`` has ``phase``, ``step``, ``live_bytes``, ``limit_bytes``.
+        RunOutOfMemory: CUDA out of memory, the CPU tracker's ``memory_limit_bytes`` passed,
+            or a failed host allocation (a ``MemoryError``, torch's "can't allocate
+            memory"; see :func:`worker.hostmem.oom_details`); ``details`` has ``phase``,
+            ``step``, ``live_bytes``, ``limit_bytes``.
         RunError: anything else (bad device, unsupported AMP, ``CheckpointError``, a model
             error); ``warnings`` holds what was raised before.
     """
     caught: list[str] = []
     where = {"phase": "setup", "step": 0}
-    meter: _Meter | None = None
+    meter: Meter | None = None
     with warnings.catch_warnings(record=True) as wlist:
         warnings.simplefilter("always")
 
@@ -311,9 +127,9 @@ def run_experiment(
 
         try:
             dev = resolve_device(device or spec.device)
-            _check_supported(spec, dev)
+            check_supported(spec, dev)
             check = verify_gradients(spec, dev) if spec.verify_gradients else {}
-            meter = _Meter(dev, spec.memory_limit_bytes)
+            meter = Meter(dev, spec.memory_limit_bytes)
             summary = _measure(spec, dev, meter, where, on_step, snapshot_path)
         except RunError as exc:
             exc.warnings = warnings_so_far()
@@ -331,10 +147,17 @@ def run_experiment(
                 details={**where, "live_bytes": live, "limit_bytes": limit},
             ) from exc
         except Exception as exc:  # noqa: BLE001 - every failure of the model is the run's outcome
+            if is_out_of_memory(exc):  # host memory: the child's cap (worker.hostmem) or the machine's
+                live = meter.probe.live_bytes if meter is not None and not meter.cuda else None
+                details = oom_details(where, exc, live)
+                msg = f"out of host memory in {where['phase']} of step {where['step']}: {type(exc).__name__}: {exc}"
+                raise RunOutOfMemory(msg, warnings=warnings_so_far(), details=details) from exc
             raise RunError(f"{type(exc).__name__}: {exc}", warnings=warnings_so_far()) from exc
         caught = warnings_so_far()
     summary.update(check)
-    summary["warnings"] = caught
+    summary["findings"] = findings(spec, summary)
+    summary["peak_explanation"] = peak_sentence(summary, optimizer=spec.optimizer)
+    summary["warnings"] = caught + [f"ckptlab: {f['message']}" for f in summary["findings"]]
     return _finite_or_none(summary)
 
 
@@ -353,7 +176,7 @@ def _finite_or_none(value: Any) -> Any:
 def _measure(
     spec: ExperimentSpec,
     dev: torch.device,
-    meter: _Meter,
+    meter: Meter,
     where: dict[str, Any],
     on_step: StepCallback | None,
     snapshot_path: str | None,
@@ -369,25 +192,45 @@ def _measure(
     elif spec.memory_snapshot:
         warnings.warn("memory_snapshot needs CUDA; no snapshot recorded on CPU", stacklevel=2)
 
-    autocast = _autocast(spec, dev)
+    autocast = autocast_for(spec, dev)
     scaler = torch.amp.GradScaler(dev.type) if spec.amp == "fp16" else None
     gen = torch.Generator().manual_seed(spec.seed)
     records: list[dict[str, Any]] = []
+    timed: list[dict[str, Any]] = []
     try:
         with meter.mode():
             meter.set_category("parameters")
-            built = _build(spec, dev, on_recompute=meter.on_recompute)
+            built = build_checkpointed(spec, dev, on_recompute=meter.on_recompute)
             params = list(built.module.parameters())
             meter.retag(list(params) + list(built.module.buffers()), "parameters")
             meter.set_category("other")
-            opt = _make_optimizer(spec, params)
+            opt = make_optimizer(spec, params)
+            tag_optimizer_state(opt, meter)
             for p in params:
                 p.register_post_accumulate_grad_hook(lambda q: meter.retag([q.grad], "gradients"))
             for step in range(1, spec.steps + 1):
                 where["step"] = step
                 records.append(_one_step(spec, dev, meter, built, params, opt, scaler, autocast, gen, where))
+                records[-1]["extra"]["pass"] = "memory"
                 if on_step is not None:
                     on_step(records[-1])
+                if spec.memory_early_stop and memory_is_flat(records, spec.warmup_steps):
+                    break  # every further step would read the same bytes
+            timed_range = range(len(records) + 1, len(records) + spec.timed_steps + 1)
+            if cuda:  # the allocator's statistics cost nothing: timed steps keep their readings
+                for step in timed_range:
+                    where["step"] = step
+                    timed.append(_one_step(spec, dev, meter, built, params, opt, scaler, autocast, gen, where))
+                    timed[-1]["extra"]["pass"] = "timed"
+                    if on_step is not None:
+                        on_step(timed[-1])
+        if not cuda:  # on CPU the timed pass runs with the tracker off (no dispatch mode)
+            meter.tracking = False
+            for step in timed_range:
+                where["step"] = step
+                timed.append(_timed_step(spec, dev, built, params, opt, scaler, autocast, gen, where))
+                if on_step is not None:
+                    on_step(timed[-1])
     finally:
         if cuda:
             if spec.memory_snapshot and snapshot_path:
@@ -399,7 +242,7 @@ def _measure(
 
     measured = records[spec.warmup_steps :] or records
     peak_rec = max(measured, key=lambda r: r["peak_allocated_bytes"])
-    final_loss = records[-1]["loss"]
+    final_loss = (timed or records)[-1]["loss"]
     env = environment(dev)
     summary: dict[str, Any] = {
         "device": str(dev),
@@ -407,15 +250,16 @@ def _measure(
         "activation_bytes": int(_median([r["extra"]["activation_bytes"] for r in measured])),
         "peak_allocated_bytes": peak_rec["peak_allocated_bytes"],
         "recompute_peak_bytes": max(r["extra"]["recompute_peak_bytes"] for r in measured),
-        "step_time_ms": _median([r["step_ms"] for r in measured]),
-        "forward_ms": _median([r["forward_ms"] for r in measured]),
-        "backward_ms": _median([r["backward_ms"] for r in measured]),
-        "optimizer_ms": _median([r["optimizer_ms"] for r in measured]),
+        **_timing(timed or measured, pass_name="timed" if timed else "memory"),
         "memory_at_peak": peak_rec["extra"]["memory_at_peak"],
         "memory_at_forward_end": measured[-1]["extra"]["memory_at_forward_end"],
         "params_without_grad": max(r["extra"]["params_without_grad"] for r in records),
+        "memory_steps_run": len(records),
+        "memory_steps_requested": spec.steps,
+        "memory_growth_bytes_per_step": growth_per_step(measured),
         "param_count": sum(p.numel() for p in params),
         "final_loss": final_loss if math.isfinite(final_loss) else None,
+        **_peak_facts(peak_rec),
         "environment": env,
         "torch_version": torch.__version__,
     }
@@ -428,7 +272,66 @@ def _measure(
     return summary
 
 
-def _one_step(spec, dev, meter: _Meter, built: Built, params, opt, scaler, autocast, gen, where) -> dict[str, Any]:
+def _timing(records: list[dict[str, Any]], *, pass_name: str) -> dict[str, Any]:
+    """Medians of the phases over ``records`` and their spread (see :mod:`ckptlab.stats`)."""
+    out: dict[str, Any] = {"timing_pass": pass_name, "timing": {}}
+    for key in ("step_ms", "forward_ms", "backward_ms", "optimizer_ms"):
+        spread = describe([r[key] for r in records])
+        out["timing"][key] = spread.as_dict() if spread else None
+        out["step_time_ms" if key == "step_ms" else key] = spread.median if spread else None
+    out["step_times_ms"] = [r["step_ms"] for r in records]
+    return out
+
+
+def _peak_facts(peak_rec: dict[str, Any]) -> dict[str, Any]:
+    """Where the highest step's peak is (``peak_phase``: forward, backward or optimizer) and
+    ``activation_bytes_at_peak``: the activation bytes live at that peak, the most that any
+    checkpointing can take off it."""
+    extra = peak_rec["extra"]
+    phase = max(("forward", "backward", "optimizer"), key=lambda k: extra[f"{k}_peak_bytes"])
+    return {"peak_phase": phase, "activation_bytes_at_peak": int(extra["memory_at_peak"].get("activations", 0))}
+
+
+def _timed_step(spec, dev, built: Built, params, opt, scaler, autocast, gen, where) -> dict[str, Any]:
+    """One optimizer step of the timing pass: wall times only, no memory instrumentation
+    (its memory columns are None, explicitly)."""
+    times = {"forward": 0.0, "backward": 0.0, "optimizer": 0.0}
+    loss_total = 0.0
+    for _micro in range(spec.grad_accum_steps):
+        x, y = built.make_batch(spec.batch_size, gen)
+        x, y = x.to(dev), y.to(dev)
+        where["phase"] = "forward"
+        t0 = time.perf_counter()
+        with autocast():
+            out = built.module(x)
+        loss = built.loss_fn(out, y) / spec.grad_accum_steps
+        times["forward"] += (time.perf_counter() - t0) * 1e3
+        where["phase"] = "backward"
+        t1 = time.perf_counter()
+        (scaler.scale(loss) if scaler is not None else loss).backward()
+        times["backward"] += (time.perf_counter() - t1) * 1e3
+        loss_total += float(loss.detach().float())
+        del out, loss, x, y
+    where["phase"] = "optimizer"
+    t2 = time.perf_counter()
+    _optimizer_step(opt, scaler)
+    opt.zero_grad(set_to_none=True)
+    times["optimizer"] += (time.perf_counter() - t2) * 1e3
+    return {
+        "step": where["step"],
+        "forward_ms": times["forward"],
+        "backward_ms": times["backward"],
+        "optimizer_ms": times["optimizer"],
+        "step_ms": sum(times.values()),
+        "allocated_bytes": None,
+        "peak_allocated_bytes": None,
+        "reserved_bytes": None,
+        "loss": loss_total,
+        "extra": {"pass": "timed"},
+    }
+
+
+def _one_step(spec, dev, meter: Meter, built: Built, params, opt, scaler, autocast, gen, where) -> dict[str, Any]:
     """One optimizer step over ``grad_accum_steps`` micro-batches; returns its record."""
     probe = meter.probe
     times = {"forward": 0.0, "backward": 0.0, "optimizer": 0.0}
@@ -479,13 +382,9 @@ def _one_step(spec, dev, meter: _Meter, built: Built, params, opt, scaler, autoc
     where["phase"] = "optimizer"
     probe.reset_peak()
     t2 = time.perf_counter()
-    if scaler is not None:
-        scaler.step(opt)
-        scaler.update()
-    else:
-        opt.step()
+    _optimizer_step(opt, scaler)
     if len(opt.state) != meter.optimizer_states_tagged:  # state appears at the first step(s)
-        meter.retag(list(_optimizer_tensors(opt)), "optimizer_state")
+        meter.retag(list(optimizer_tensors(opt)), "optimizer_state")
         meter.optimizer_states_tagged = len(opt.state)
     opt.zero_grad(set_to_none=True)
     phase_end("optimizer", t2)

@@ -4,18 +4,20 @@ from __future__ import annotations
 
 from typing import Any
 
+from ckptlab.domain import Status
+
 __all__ = ["RunError", "RunOutOfMemory"]
 
 
 class RunError(Exception):
-    """A run failed. ``status`` is the experiment status to record (``failed``).
+    """A run failed. ``status`` is the experiment status to record (:attr:`Status.FAILED`).
 
     Attributes:
         warnings: warnings and checkpoint errors raised before the failure.
         details: JSON-able facts about the failure (phase, step, bytes).
     """
 
-    status = "failed"
+    status = Status.FAILED
 
     def __init__(self, message: str, *, warnings: list[str] | None = None, details: dict[str, Any] | None = None):
         super().__init__(message)
@@ -30,4 +32,4 @@ class RunOutOfMemory(RunError):
     0 during setup), ``live_bytes`` at failure and ``limit_bytes`` when a limit was set.
     """
 
-    status = "oom"
+    status = Status.OOM

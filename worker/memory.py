@@ -124,6 +124,8 @@ class LiveTensorTracker(TorchDispatchMode):
             self.by_category[info.category] -= info.nbytes
             self.by_category[category] += info.nbytes
             info.category = category
+            if self.live_bytes == self.peak_bytes:  # the peak is now: it holds the new tag
+                self.peak_by_category = self.by_category.copy()
 
     def reset_peak(self) -> None:
         """Start a new peak window at the current live bytes."""

@@ -1,0 +1,217 @@
+"""The worker's commands: ``ckptlab run`` (one experiment in this process) and
+``ckptlab worker`` (claim queued experiments until stopped).
+
+The worker owns its signal policy: the first SIGTERM/SIGINT finishes running experiments
+(rq's ``request_stop``), the second requeues them at once (``request_force_stop``).
+Exit codes: 0 success, 1 the experiment failed, 2 bad input (one line on stderr).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+from rich.table import Table
+
+from ckptlab.domain import Status
+from ckptlab.settings import Settings, get_settings
+from ckptlab.spec import ExperimentSpec
+
+__all__ = ["app", "format_validation_error", "load_spec"]
+
+app = typer.Typer(add_completion=False)
+console = Console()
+
+
+def _fail(message: str, code: int = 2) -> typer.Exit:
+    """Print one line to stderr and return the Exit to raise."""
+    sys.stderr.write(f"error: {message}\n")
+    return typer.Exit(code)
+
+
+def format_validation_error(exc: ValidationError) -> str:
+    """One line naming every bad field: ``field.path: message; ...``."""
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "spec"
+        parts.append(f"{loc}: {err['msg']}")
+    return "invalid spec: " + "; ".join(parts)
+
+
+def load_spec(path: Path) -> ExperimentSpec:
+    """Read and validate a spec file. Raises ``typer.Exit(2)`` with one line on any problem."""
+    try:
+        raw = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise _fail(f"spec file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise _fail(f"cannot read spec file {path}: {exc}") from None
+    except json.JSONDecodeError as exc:
+        raise _fail(f"{path} is not valid JSON: {exc}") from None
+    try:
+        return ExperimentSpec.model_validate(raw)
+    except ValidationError as exc:
+        raise _fail(format_validation_error(exc)) from None
+
+
+def _settings() -> Settings:
+    s = get_settings()
+    s.data_dir.mkdir(parents=True, exist_ok=True)
+    return s
+
+
+def _mib(n: int | None) -> str:
+    """Bytes as MiB with two decimals; a dash for a step without a memory reading."""
+    return "-" if n is None else f"{n / 2**20:.2f}"
+
+
+def _timing_line(summary: dict) -> str:
+    """``step 3.31 ms median (IQR 0.12, 95% CI 3.01-3.47) over 20 timed steps``."""
+    t = (summary.get("timing") or {}).get("step_ms")
+    if not t:
+        return f"step {summary.get('step_time_ms') or 0:.2f} ms"
+    where = "timed steps (tracker off)" if summary.get("timing_pass") == "timed" else "memory steps"
+    return (
+        f"step {t['median']:.2f} ms median (IQR {t['iqr']:.2f}, 95% CI {t['ci_low']:.2f}-{t['ci_high']:.2f}) "
+        f"over {t['n']} {where}"
+    )
+
+
+@app.command()
+def run(
+    spec_path: Annotated[Path, typer.Argument(metavar="SPEC.json", help="experiment spec (JSON)")],
+    json_out: Annotated[bool, typer.Option("--json", help="print the summary as JSON on the last line")] = False,
+) -> None:
+    """Run one experiment in this process, store it, and print its steps and summary."""
+    spec = load_spec(spec_path)
+    from ckptlab.db.database import make_engine, make_sessionmaker, migrate
+    from ckptlab.db.store import create_experiment, get_experiment, list_steps
+    from worker.devices import default_worker_id
+    from worker.service import execute_experiment
+
+    url = _settings().resolved_database_url
+    engine = make_engine(url)
+    migrate(engine)
+    Session = make_sessionmaker(engine)
+    with Session() as session:
+        exp = create_experiment(session, spec=spec, status=Status.RUNNING, worker_id=default_worker_id())
+    execute_experiment(url, exp.id, exp.attempt)
+    with Session() as session:
+        exp = get_experiment(session, experiment_id=exp.id)
+        steps = list_steps(session, experiment_id=exp.id)
+    engine.dispose()
+
+    table = Table(title=f"experiment {exp.id}: {spec.model.kind} {spec.checkpoint.strategy}")
+    for col in ("step", "forward ms", "backward ms", "optimizer ms", "step ms", "allocated MiB", "peak MiB"):
+        table.add_column(col, justify="right")
+    for s in steps:
+        table.add_row(
+            str(s.step),
+            f"{s.forward_ms:.1f}",
+            f"{s.backward_ms:.1f}",
+            f"{s.optimizer_ms:.1f}",
+            f"{s.step_ms:.1f}",
+            _mib(s.allocated_bytes),
+            _mib(s.peak_allocated_bytes),
+        )
+    console.print(table)
+    result = {"id": exp.id, "status": exp.status, **(exp.summary or {}), "error": exp.error}
+    if exp.status == Status.SUCCEEDED:
+        sm = exp.summary
+        console.print(
+            f"activation {sm['activation_bytes'] / 2**20:.2f} MiB, peak {sm['peak_allocated_bytes'] / 2**20:.2f} MiB, "
+            f"params without grad {sm['params_without_grad']}"
+        )
+        console.print(_timing_line(sm))
+        run_n, asked = sm.get("memory_steps_run"), sm.get("memory_steps_requested")
+        if run_n is not None and asked is not None and run_n < asked:
+            console.print(f"memory pass: {run_n} of {asked} steps (the last two read the same bytes)")
+        if sm.get("peak_explanation"):
+            console.print(sm["peak_explanation"], markup=False)
+        for f in sm.get("findings") or []:
+            console.print(f"[yellow]warning[/yellow] {f['code']}: {f['message']}", highlight=False)
+    else:
+        console.print(f"[red]{exp.status}[/red]: {exp.error}")
+    if json_out:
+        sys.stdout.write(json.dumps(result) + "\n")
+    if exp.status != Status.SUCCEEDED:
+        raise typer.Exit(1)
+
+
+@app.command()
+def worker(
+    once: Annotated[bool, typer.Option(help="exit when the queue is empty")] = False,
+    devices: Annotated[
+        str | None,
+        typer.Option(help="comma-separated devices, one experiment at a time each: cpu, cuda:0,cuda:1 ..."),
+    ] = None,
+    cpu_slots: Annotated[
+        int | None, typer.Option(min=1, help="concurrent experiments on cpu (default: cpu_count // 4, at least 1)")
+    ] = None,
+    cpu_threads: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="torch threads per cpu experiment (default: CKPTLAB_WORKER_CPU_THREADS, else cpu_count // cpu_slots)",
+        ),
+    ] = None,
+) -> None:
+    """Claim queued experiments and run them until SIGTERM / Ctrl-C.
+
+    The first SIGTERM or SIGINT stops claiming and gives running experiments
+    CKPTLAB_SHUTDOWN_GRACE_S to finish before they are killed and requeued; a second one
+    requeues them at once. Devices default to every visible CUDA device, else cpu; cpu
+    gets one slot per 4 cores, and each cpu experiment its share of the cores as torch threads.
+    """
+    from worker.devices import default_cpu_slots, slot_devices
+    from worker.service import run_worker
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    s = _settings()
+    device_list = [d for d in devices.split(",") if d.strip()] if devices is not None else None
+    cpu_slots = default_cpu_slots() if cpu_slots is None else cpu_slots
+    try:
+        slot_devices(device_list, cpu_slots=cpu_slots)
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+    stop, kill = threading.Event(), threading.Event()
+    log = logging.getLogger("ckptlab.worker")
+
+    def request_stop(signum: int) -> None:
+        """First signal: claim nothing more; running experiments get the grace period."""
+        log.warning(
+            "%s: claiming nothing more; running experiments get %g s to finish",
+            signal.Signals(signum).name,
+            s.shutdown_grace_s,
+        )
+        stop.set()
+
+    def request_force_stop(signum: int) -> None:
+        """Second signal: kill and requeue running experiments now (after rq)."""
+        log.warning("second signal (%s): requeueing running experiments now", signal.Signals(signum).name)
+        kill.set()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        (request_force_stop if stop.is_set() else request_stop)(signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
+    run_worker(
+        database_url=s.resolved_database_url,
+        stop_event=stop,
+        kill_event=kill,
+        poll_interval_s=s.poll_interval_s,
+        exit_when_idle=once,
+        devices=device_list,
+        cpu_slots=cpu_slots,
+        cpu_threads=cpu_threads,
+        settings=s,
+    )
