@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import threading
 from contextlib import asynccontextmanager
 from importlib import resources
 from importlib.metadata import PackageNotFoundError, version
@@ -16,16 +15,17 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
-from sqlalchemy import text
+from fastapi_offline import FastAPIOffline
 from sqlalchemy.exc import DataError, IntegrityError
 
-from backend.api import experiments, sweeps
-from backend.deps import WRITE_METHODS, SessionDep, require_write_token
-from backend.middleware import BodySizeLimit
-from backend.schemas import Health
-from ckptlab.db.engine import make_engine, make_sessionmaker, migrate
-from ckptlab.db.queries import SeriesCache, start_series_warmer
-from ckptlab.db.reaper import start_reaper_thread
+from backend.api import experiments, meta, sweeps
+from backend.deps import WRITE_METHODS, require_write_token
+from backend.encoding import SafeJSONResponse
+from backend.middleware import AllowEveryMethod, BodySizeLimit
+from backend.services.series import SeriesCache, series_warmer_task
+from backend.services.streams import SharedPolls, StreamSlots
+from ckptlab.db.database import make_engine, make_sessionmaker, migrate
+from ckptlab.db.reaper import reaper_task
 from ckptlab.settings import Settings, get_settings
 
 __all__ = ["create_app", "FRONTEND_DIR", "PLOTLY_JS"]
@@ -71,7 +71,7 @@ def _json_safe(value: Any) -> Any:
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
     """FastAPI's 422 (``{"detail": [{"loc", "msg", "type", "input"}]}``), safe for inputs that
     JSON cannot hold (a NaN the body parser let through is echoed as the string "nan")."""
-    return JSONResponse({"detail": _json_safe(jsonable_encoder(exc.errors()))}, status_code=422)
+    return SafeJSONResponse({"detail": _json_safe(jsonable_encoder(exc.errors()))}, status_code=422)
 
 
 def _integrity_error(request: Request, exc: Exception) -> JSONResponse:
@@ -115,42 +115,38 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.engine = engine
         app.state.sessionmaker = make_sessionmaker(engine)
         app.state.series_cache = SeriesCache(settings.series_cache_bytes)
-        warmer_stop = threading.Event()  # keeps the series of running experiments in memory
-        warmer = None
+        app.state.stream_slots = StreamSlots(settings.max_streams)
+        app.state.shared_polls = SharedPolls(ttl_s=settings.sse_poll_interval_s)
+        # Side tasks: requeue experiments of lost workers; keep running series warm. A pass
+        # that raises is logged and the loop goes on (restart), so the API keeps serving.
+        tasks = [reaper_task(app.state.sessionmaker, settings, restart=True)]
         if settings.series_warm_interval_s > 0:
-            warmer = start_series_warmer(
-                app.state.sessionmaker,
-                app.state.series_cache,
-                interval_s=settings.series_warm_interval_s,
-                stop=warmer_stop,
+            tasks.append(
+                series_warmer_task(
+                    app.state.sessionmaker, app.state.series_cache, interval_s=settings.series_warm_interval_s
+                )
             )
-        reaper_stop = threading.Event()  # requeues experiments of lost workers
-        reaper = start_reaper_thread(app.state.sessionmaker, settings, reaper_stop)
+        app.state.side_tasks = [t.start() for t in tasks]
         yield
-        warmer_stop.set()
-        reaper_stop.set()
-        reaper.join(5)
-        if warmer is not None:
-            warmer.join(5)
+        for t in tasks:
+            t.stop()
         engine.dispose()
 
-    app = FastAPI(
+    # Swagger UI and ReDoc assets come from the fastapi-offline package, not a CDN.
+    app = FastAPIOffline(
         title="ckptlab",
         version=_version(),
         summary="Activation-checkpointing experiments: memory against recomputation time.",
         description=_DESCRIPTION,
         lifespan=lifespan,
+        default_response_class=SafeJSONResponse,
     )
     app.state.settings = settings
     auth = [Depends(require_write_token)] if settings.api_token is not None else []
     api = APIRouter(prefix="/api", dependencies=auth)
     api.include_router(experiments.router)
     api.include_router(sweeps.router)
-
-    @api.get("/health", response_model=Health, tags=["meta"], summary="Liveness and database check")
-    def health(session: SessionDep) -> Health:
-        session.execute(text("SELECT 1"))
-        return Health(database=session.get_bind().dialect.name, version=_version())
+    api.include_router(meta.router)
 
     app.include_router(api)
 
@@ -174,5 +170,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             allow_headers=["Authorization", "Content-Type", "Last-Event-ID"],
         )
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)
+    app.add_middleware(AllowEveryMethod, openapi=lambda: app.openapi())
     _openapi_reads_need_no_token(app)
     return app

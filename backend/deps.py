@@ -10,7 +10,7 @@ from fastapi import Depends, HTTPException, Path, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
-from ckptlab.db.queries import SeriesCache
+from backend.services.series import SeriesCache
 from ckptlab.settings import Settings
 
 __all__ = [

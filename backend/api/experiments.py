@@ -1,5 +1,5 @@
-"""Routes for experiments: thin wrappers over :mod:`ckptlab.db.store` and
-:mod:`ckptlab.db.queries`."""
+"""Routes for experiments: thin wrappers over :mod:`ckptlab.db.store`, :mod:`ckptlab.db.queue`
+and :mod:`backend.services.queries`."""
 
 from __future__ import annotations
 
@@ -26,14 +26,17 @@ from backend.schemas import (
     Status,
     StepsPublic,
 )
-from backend.services import exports, streams
+from backend.services import exports, queries, series, streams
 from backend.services.responses import CSV_RESPONSE, SSE_RESPONSE, WRITE_RESPONSES
-from ckptlab.db import queries, store
+from ckptlab.db import queue, store
 from ckptlab.db.models import Experiment
 from ckptlab.limits import limit_errors
 from ckptlab.spec import MODEL_KINDS, STRATEGIES, ExperimentSpec
 
 router = APIRouter(prefix="/experiments", tags=["experiments"])
+
+#: The largest ``max_points`` the schema admits (a server may cap lower: series_max_points).
+MAX_SERIES_POINTS = 1_000_000
 
 NOT_FOUND = {404: {"model": Message, "description": "No experiment with this id"}}
 
@@ -58,7 +61,7 @@ def experiment_filters(
     ] = None,
 ) -> dict[str, Any]:
     """The listing filters of a request, as keyword arguments of
-    :func:`ckptlab.db.queries.query_experiments`."""
+    :func:`backend.services.queries.query_experiments`."""
     return {
         "status": status_,
         "sweep_id": sweep_id,
@@ -194,26 +197,22 @@ def get_series(
     experiment_id: ExperimentId,
     metric: Annotated[Metric, Query(description="a per-step column (ms, bytes, or loss)")] = "step_ms",
     max_points: Annotated[
-        int, Query(ge=10, description="most points to return (at most the server's series_max_points)")
+        int,
+        Query(
+            ge=10,
+            le=MAX_SERIES_POINTS,
+            description="most points to return; capped at the server's series_max_points (default 20000)",
+        ),
     ] = 2000,
 ) -> SeriesPublic:
     """At most ``max_points`` points of ``metric`` over the current attempt, picked by
     MinMaxLTTB so that spikes survive; the global minimum and maximum are always among them.
-    Steps without a finite value (a non-finite loss, reserved bytes on CPU) are skipped."""
-    if max_points > settings.series_max_points:
-        raise RequestValidationError(
-            [
-                {
-                    "type": "less_than_equal",
-                    "loc": ["query", "max_points"],
-                    "msg": f"max_points must be at most {settings.series_max_points}",
-                    "input": max_points,
-                }
-            ]
-        )
+    Steps without a finite value (a non-finite loss, reserved bytes on CPU) are skipped.
+    ``max_points`` above the server's ``series_max_points`` is capped to it."""
+    max_points = min(max_points, settings.series_max_points)
     exp = _get_or_404(session, experiment_id)
-    series = cache.get(session, experiment_id=exp.id, attempt=exp.attempt, metric=metric)
-    view = queries.downsample_series(series, max_points=max_points)
+    points = cache.get(session, experiment_id=exp.id, attempt=exp.attempt, metric=metric)
+    view = series.downsample_series(points, max_points=max_points)
     return SeriesPublic(
         experiment_id=exp.id,
         attempt=exp.attempt,
@@ -234,11 +233,13 @@ def get_series(
     responses={**NOT_FOUND, **SSE_RESPONSE},
     summary="Live steps and status changes (Server-Sent Events)",
 )
-def experiment_events(session: SessionDep, experiment_id: ExperimentId, stream: streams.StreamDep):
+def experiment_events(experiment_id: ExperimentId, stream: streams.StreamDep):
     """``text/event-stream`` of ``step``, ``status`` and a final ``end`` event (then the
-    stream closes). Event ids are cursors: reconnect with ``Last-Event-ID`` to resume."""
-    exp = _get_or_404(session, experiment_id)
-    return streams.event_stream(stream, experiment_ids=lambda _s: [exp.id])
+    stream closes). Event ids are cursors: reconnect with ``Last-Event-ID`` to resume. 503
+    with ``Retry-After`` when the server already serves ``max_streams`` streams."""
+    with stream.sessions() as session:  # short: an open stream holds no pooled connection
+        exp_id = _get_or_404(session, experiment_id).id
+    return streams.event_stream(stream, experiment_ids=lambda _s: [exp_id], scope=("experiment", exp_id))
 
 
 @router.get(
@@ -278,8 +279,8 @@ def cancel_experiment(session: SessionDep, experiment_id: ExperimentId) -> Exper
     """A queued experiment is ``cancelled`` at once; a running one is stopped by its worker
     within about a second (``cancel_requested`` is set until then)."""
     try:
-        exp = store.request_cancel(session, experiment_id=experiment_id)
-    except store.ExperimentFinishedError as exc:
+        exp = queue.request_cancel(session, experiment_id=experiment_id)
+    except queue.ExperimentFinishedError as exc:
         raise HTTPException(status.HTTP_409_CONFLICT, detail=str(exc)) from None
     if exp is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"experiment {experiment_id} not found")

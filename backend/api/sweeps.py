@@ -1,11 +1,11 @@
-"""Routes for sweeps: thin wrappers over :mod:`ckptlab.db.sweeps` and the chart, export and
+"""Routes for sweeps: thin wrappers over :mod:`ckptlab.sweeps` and the chart, export and
 stream services."""
 
 from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Query, status
+from fastapi import APIRouter, HTTPException, Query, Response, status
 from fastapi.exceptions import RequestValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -16,10 +16,14 @@ from backend.schemas import (
     ChartName,
     ChartPublic,
     Format,
+    InvalidCombination,
     Message,
+    PlannedRunPublic,
     ProgressPublic,
+    RecommendationPublic,
     SweepCreate,
     SweepExperimentPublic,
+    SweepPlanPublic,
     SweepPublic,
     SweepResultPublic,
     SweepResultsPublic,
@@ -27,9 +31,11 @@ from backend.schemas import (
     SweepSummaryPublic,
 )
 from backend.services import charts, exports, streams
+from backend.services import sweeps as sweep_reads
+from backend.services.recommend import recommend
 from backend.services.responses import CSV_RESPONSE, SSE_RESPONSE, WRITE_RESPONSES
-from ckptlab.db import store
-from ckptlab.db import sweeps as sweeps_db
+from ckptlab import sweeps as planning
+from ckptlab.db import queue, store
 from ckptlab.db.models import Experiment, Sweep
 
 router = APIRouter(prefix="/sweeps", tags=["sweeps"])
@@ -38,18 +44,18 @@ NOT_FOUND = {404: {"model": Message, "description": "No sweep with this id"}}
 
 
 def _get_or_404(session: Session, sweep_id: int) -> Sweep:
-    sweep = sweeps_db.get_sweep(session, sweep_id=sweep_id)
+    sweep = store.get_sweep(session, sweep_id=sweep_id)
     if sweep is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"sweep {sweep_id} not found")
     return sweep
 
 
-def _progress(p: sweeps_db.Progress) -> ProgressPublic:
+def _progress(p: sweep_reads.Progress) -> ProgressPublic:
     return ProgressPublic(total=p.total, finished=p.finished, counts=p.counts)
 
 
 def _public(session: Session, sweep: Sweep) -> SweepPublic:
-    progress = sweeps_db.sweep_progress(session, sweep_ids=[sweep.id])[sweep.id]
+    progress = sweep_reads.sweep_progress(session, sweep_ids=[sweep.id])[sweep.id]
     by_id = {e.id: e for e in sweep.experiments}
     experiments = [
         SweepExperimentPublic(
@@ -63,7 +69,7 @@ def _public(session: Session, sweep: Sweep) -> SweepPublic:
             summary=by_id[r.experiment_id].summary,
             error=by_id[r.experiment_id].error,
         )
-        for r in sweeps_db.sweep_rows(sweep)
+        for r in sweep_reads.sweep_rows(sweep)
     ]
     return SweepPublic(
         id=sweep.id,
@@ -78,23 +84,54 @@ def _public(session: Session, sweep: Sweep) -> SweepPublic:
     )
 
 
+def _plan_public(plan: planning.SweepPlan) -> SweepPlanPublic:
+    return SweepPlanPublic(
+        combinations=plan.combinations,
+        baselines=plan.baselines,
+        total=len(plan.runs),
+        duplicates=plan.duplicates,
+        runs=[
+            PlannedRunPublic(
+                values=r.values,
+                label=planning.axis_label(r.values),
+                baseline=r.baseline,
+                spec=r.spec.model_dump(mode="json"),
+            )
+            for r in plan.runs
+        ],
+        invalid=[InvalidCombination.model_validate(i) for i in plan.invalid],
+    )
+
+
 @router.post(
     "",
     status_code=status.HTTP_201_CREATED,
-    response_model=SweepPublic,
-    responses=WRITE_RESPONSES,
-    summary="Create a sweep: the product of axes over a base spec, with none baselines",
+    response_model=SweepPublic | SweepPlanPublic,
+    responses={**WRITE_RESPONSES, 200: {"model": SweepPlanPublic, "description": "The plan of a dry run"}},
+    summary="Create a sweep (or, with dry_run, plan one): the product of axes over a base spec",
 )
-def create_sweep(session: SessionDep, settings: SettingsDep, body: SweepCreate) -> SweepPublic:
+def create_sweep(
+    session: SessionDep,
+    settings: SettingsDep,
+    body: SweepCreate,
+    response: Response,
+    dry_run: Annotated[
+        bool, Query(description="plan only: answer 200 with the runs and invalid combinations, store nothing")
+    ] = False,
+) -> SweepPublic | SweepPlanPublic:
     """Queue one experiment per valid combination of axis values, plus a ``none`` baseline
     for each combination of the axes outside ``checkpoint.``. Invalid combinations are
     returned in ``invalid``. 422 when an axis names no spec field, repeats a value, the sweep
-    is over the server's ``max_sweep_size``, or no combination is valid."""
+    is over the server's ``max_sweep_size``, or no combination is valid (also on a dry run,
+    so a form can show the server's own verdict before submitting)."""
     try:
-        plan = sweeps_db.plan_sweep(body.base, body.axes, max_size=settings.max_sweep_size, settings=settings)
-    except sweeps_db.SweepError as exc:
+        plan = planning.plan_sweep(body.base, body.axes, max_size=settings.max_sweep_size, settings=settings)
+    except planning.SweepError as exc:
         raise RequestValidationError([{**e, "loc": ["body", *e["loc"]]} for e in exc.errors]) from None
-    sweep = sweeps_db.create_sweep(session, name=body.name, base=body.base, axes=body.axes, plan=plan)
+    if dry_run:
+        response.status_code = status.HTTP_200_OK
+        return _plan_public(plan)
+    sweep = store.create_sweep(session, name=body.name, base=body.base, axes=body.axes, plan=plan)
     return _public(session, sweep)
 
 
@@ -105,8 +142,8 @@ def list_sweeps(
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> SweepsPublic:
     """A page of sweeps and the total count; each with its progress."""
-    rows, count = sweeps_db.list_sweeps(session, offset=offset, limit=limit)
-    progress = sweeps_db.sweep_progress(session, sweep_ids=[s.id for s in rows])
+    rows, count = sweep_reads.list_sweeps(session, offset=offset, limit=limit)
+    progress = sweep_reads.sweep_progress(session, sweep_ids=[s.id for s in rows])
     return SweepsPublic(
         data=[
             SweepSummaryPublic(
@@ -139,7 +176,7 @@ def get_sweep(session: SessionDep, sweep_id: SweepId) -> SweepPublic:
 def cancel_sweep(session: SessionDep, sweep_id: SweepId) -> SweepPublic:
     """Queued experiments become ``cancelled`` at once; running ones are stopped by their
     workers within about a second. Finished ones keep their outcome. Idempotent."""
-    if store.cancel_sweep(session, sweep_id=sweep_id) is None:
+    if queue.cancel_sweep(session, sweep_id=sweep_id) is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"sweep {sweep_id} not found")
     return _public(session, _get_or_404(session, sweep_id))
 
@@ -150,15 +187,17 @@ def cancel_sweep(session: SessionDep, sweep_id: SweepId) -> SweepPublic:
     responses={**NOT_FOUND, **SSE_RESPONSE},
     summary="Live steps, status changes and progress of a sweep (Server-Sent Events)",
 )
-def sweep_events(session: SessionDep, sweep_id: SweepId, stream: streams.StreamDep):
+def sweep_events(sweep_id: SweepId, stream: streams.StreamDep):
     """``text/event-stream`` of ``step``, ``status`` and ``progress`` events for every
-    experiment of the sweep, and a final ``end`` once all have finished."""
-    sweep = _get_or_404(session, sweep_id)
+    experiment of the sweep, and a final ``end`` once all have finished. 503 with
+    ``Retry-After`` when the server already serves ``max_streams`` streams."""
+    with stream.sessions() as session:  # short: an open stream holds no pooled connection
+        sid = _get_or_404(session, sweep_id).id
 
     def ids(s: Session) -> list[int]:
-        return list(s.scalars(select(Experiment.id).where(Experiment.sweep_id == sweep.id)))
+        return list(s.scalars(select(Experiment.id).where(Experiment.sweep_id == sid)))
 
-    return streams.event_stream(stream, experiment_ids=ids, sweep_id=sweep.id)
+    return streams.event_stream(stream, experiment_ids=ids, sweep_id=sid, scope=("sweep", sid))
 
 
 @router.get(
@@ -178,7 +217,7 @@ def sweep_results(
     numbers compared (activation and peak bytes, step time, overhead and saving against the
     baseline in %, gradient difference)."""
     sweep = _get_or_404(session, sweep_id)
-    rows = sweeps_db.sweep_rows(sweep)
+    rows = sweep_reads.sweep_rows(sweep)
     if format == "csv":
         return exports.csv_response(
             [exports.sweep_result_record(r) for r in rows], filename=f"sweep-{sweep.id}-results.csv"
@@ -202,3 +241,26 @@ def sweep_chart(session: SessionDep, sweep_id: SweepId, name: ChartName) -> Char
     (gradient difference per run). Another name gets 422 listing the valid ones."""
     sweep = _get_or_404(session, sweep_id)
     return ChartPublic.model_validate(charts.build_chart(sweep, name=name))
+
+
+@router.get(
+    "/{sweep_id}/recommendation",
+    response_model=RecommendationPublic,
+    responses=NOT_FOUND,
+    summary="The setting to use for a memory budget, and why",
+)
+def sweep_recommendation(
+    session: SessionDep,
+    sweep_id: SweepId,
+    budget_bytes: Annotated[
+        int | None, Query(ge=1, le=2**62, description="memory budget for the peak, bytes (optional)")
+    ] = None,
+) -> RecommendationPublic:
+    """A setting is better than its baseline only when its peak and activations are lower by
+    more than 1% (and 4 KiB) and its gradients do not differ; step times differ only when
+    the 95% CI of their ratio excludes 0, and ties go to the simpler setting. Says why, and
+    says so when nothing beats the baseline."""
+    sweep = _get_or_404(session, sweep_id)
+    return RecommendationPublic.model_validate(
+        recommend(sweep_reads.sweep_rows(sweep), budget_bytes=budget_bytes), from_attributes=True
+    )

@@ -17,10 +17,13 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 
+from backend.services.sweeps import SweepRow, sweep_rows
 from ckptlab.db.models import Sweep
-from ckptlab.db.sweeps import SweepRow, axis_label, get_path, sweep_rows
+from ckptlab.domain import Status
 from ckptlab.law import retained_bytes
+from ckptlab.sweeps import axis_label, get_path
 
 __all__ = ["CHARTS", "build_chart", "pareto_frontier"]
 
@@ -40,7 +43,7 @@ def pareto_frontier(points: Sequence[tuple[float, float]]) -> list[int]:
 
 
 def _done(r: SweepRow) -> bool:
-    return r.status == "succeeded"
+    return r.status == Status.SUCCEEDED
 
 
 def _curves(
@@ -73,14 +76,16 @@ def _layout(title: str, x: str, y: str, **extra: Any) -> dict[str, Any]:
 
 
 def _memory_vs_segments(sweep: Sweep, rows: Sequence[SweepRow], specs: Mapping[int, Mapping[str, Any]]) -> go.Figure:
-    fig = go.Figure()
+    # Activations (with the segment law) get their own axis above the peak: a 0.3-MiB
+    # activation line on a 17-MiB peak axis would lie flat.
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08)
     curves = _curves(rows, specs, list(sweep.axes))
     seg = {r.experiment_id: get_path(specs[r.experiment_id], SEGMENTS, 1) for g in curves.values() for r in g}
     for label, members in curves.items():
         x = [seg[r.experiment_id] for r in members]
-        for prefix, metric, dash in (
-            ("activation", "activation_bytes", "solid"),
-            ("peak", "peak_allocated_bytes", "dot"),
+        for prefix, metric, dash, row in (
+            ("activation", "activation_bytes", "solid", 1),
+            ("peak", "peak_allocated_bytes", "dot", 2),
         ):
             fig.add_trace(
                 go.Scatter(
@@ -90,7 +95,9 @@ def _memory_vs_segments(sweep: Sweep, rows: Sequence[SweepRow], specs: Mapping[i
                     name=_name(prefix, label),
                     legendgroup=label,
                     line={"dash": dash},
-                )
+                ),
+                row=row,
+                col=1,
             )
     by_id = {r.experiment_id: r for r in rows}
     baselines = sorted({r.baseline_id for g in curves.values() for r in g if r.baseline_id is not None})
@@ -111,28 +118,57 @@ def _memory_vs_segments(sweep: Sweep, rows: Sequence[SweepRow], specs: Mapping[i
                 name="segment law" if len(usable) == 1 or not group else f"segment law {group}",
                 line={"dash": "dash", "color": "grey"},
                 hovertemplate="N=%{x}: %{y:.3s}B<extra>(N-1)*b + last*a, a = b = baseline / depth</extra>",
-            )
+            ),
+            row=1,
+            col=1,
         )
     fig.update_layout(
-        _layout("Activation and peak memory against segments", "checkpoint.segments", "bytes", hovermode="x unified")
+        _layout(
+            "Activations (with the segment law) and peak against segments",
+            "checkpoint.segments",
+            "activations (bytes)",
+            hovermode="x unified",
+        )
     )
+    fig.update_yaxes(title_text="activations (bytes)", row=1, col=1)
+    fig.update_yaxes(title_text="peak (bytes)", row=2, col=1)
+    fig.update_xaxes(title_text="checkpoint.segments", row=2, col=1)
     return fig
 
 
 def _time_vs_segments(sweep: Sweep, rows: Sequence[SweepRow], specs: Mapping[int, Mapping[str, Any]]) -> go.Figure:
     fig = go.Figure()
     for label, members in _curves(rows, specs, list(sweep.axes)).items():
+        est = [r.metrics["overhead_pct"] for r in members]
+        low = [r.metrics.get("overhead_low_pct") for r in members]
+        high = [r.metrics.get("overhead_high_pct") for r in members]
+        has_ci = all(v is not None for v in (*est, *low, *high))
         fig.add_trace(
             go.Scatter(
                 x=[get_path(specs[r.experiment_id], SEGMENTS, 1) for r in members],
-                y=[r.metrics["overhead_pct"] for r in members],
+                y=est,
                 mode="lines+markers",
                 name=_name("overhead", label),
-                customdata=[r.metrics["step_time_ms"] for r in members],
-                hovertemplate="%{y:.1f}% (%{customdata:.2f} ms/step)",
+                customdata=[[r.metrics["step_time_ms"], r.overhead_text or "no interval"] for r in members],
+                hovertemplate="%{customdata[1]} (%{customdata[0]:.2f} ms/step)",
+                error_y={
+                    "type": "data",
+                    "symmetric": False,
+                    "array": [h - e for h, e in zip(high, est, strict=True)],
+                    "arrayminus": [e - lo for e, lo in zip(est, low, strict=True)],
+                }
+                if has_ci
+                else None,
             )
         )
-    fig.update_layout(_layout("Step-time overhead against the none baseline", "checkpoint.segments", "overhead (%)"))
+    fig.add_hline(y=0, line={"color": "grey", "width": 1})
+    fig.update_layout(
+        _layout(
+            "Step-time overhead against the baseline (bars: 95% CI)",
+            "checkpoint.segments",
+            "overhead (%)",
+        )
+    )
     return fig
 
 

@@ -13,9 +13,10 @@ from typing import Any
 
 from fastapi.responses import StreamingResponse
 
+from backend.encoding import utf8_safe
+from backend.services.queries import STEP_COLUMNS, StepRow
+from backend.services.sweeps import ROW_METRICS, SweepRow
 from ckptlab.db.models import Experiment
-from ckptlab.db.queries import STEP_COLUMNS, StepRow
-from ckptlab.db.sweeps import ROW_METRICS, SweepRow
 
 __all__ = [
     "CSV_MEDIA_TYPE",
@@ -44,7 +45,7 @@ EXPERIMENT_COLUMNS = (
 )
 
 
-_FORMULA_START = ("=", "+", "@", "\t", "\r")
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 
 
 def _cell(value: Any) -> Any:
@@ -54,8 +55,10 @@ def _cell(value: Any) -> Any:
         return ""
     if isinstance(value, (list, dict)):
         value = json.dumps(value, separators=(",", ":"), default=str)
-    if isinstance(value, str) and value[:1] in _FORMULA_START:
-        return "'" + value  # a spreadsheet would run it as a formula
+    if isinstance(value, str):
+        value = utf8_safe(value)  # a stored lone surrogate is written escaped, not a 500
+        if value[:1] in _FORMULA_START:
+            return "'" + value  # a spreadsheet would run it as a formula (OWASP CSV injection)
     return value
 
 
@@ -96,14 +99,26 @@ def sweep_result_record(row: SweepRow) -> dict[str, Any]:
         "label": row.label,
         "baseline_id": row.baseline_id,
         **row.values,
-        **{k: row.metrics.get(k) for k in (*ROW_METRICS, "overhead_pct", "activation_saving_pct")},
+        **{
+            k: row.metrics.get(k)
+            for k in (
+                *ROW_METRICS,
+                "overhead_pct",
+                "overhead_low_pct",
+                "overhead_high_pct",
+                "activation_saving_pct",
+                "peak_saving_pct",
+            )
+        },
+        "overhead": row.overhead_text,
+        "findings": " ".join(row.findings),
         "gradients_match": row.gradients_match,
         "error": row.error,
     }
 
 
 def step_csv_rows(rows: Iterable[StepRow]) -> Iterator[dict[str, Any]]:
-    """Step rows as records with the columns of :data:`ckptlab.db.queries.STEP_COLUMNS`."""
+    """Step rows as records with the columns of :data:`backend.services.queries.STEP_COLUMNS`."""
     for r in rows:
         yield {"attempt": r.attempt, **r.data}
 
@@ -140,7 +155,9 @@ def csv_response(
 
     def generate() -> Iterator[str]:
         buf = io.StringIO()
-        writer = csv.DictWriter(buf, fieldnames=list(columns), extrasaction="ignore", lineterminator="\n")
+        # CRLF rows (RFC 4180): with both characters in the line terminator, the csv module
+        # quotes every cell that holds a CR or an LF, so no value can split a row.
+        writer = csv.DictWriter(buf, fieldnames=list(columns), extrasaction="ignore", lineterminator="\r\n")
         writer.writeheader()
         for n, rec in enumerate(records, 1):
             writer.writerow({k: _cell(v) for k, v in rec.items()})

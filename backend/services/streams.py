@@ -2,7 +2,9 @@
 
 Each stream polls the database every ``sse_poll_interval_s`` (default 0.15 s) in a worker
 thread, with a fresh session per poll (a long-lived SQLite read transaction would never see
-new commits). Events:
+new commits), so an open stream holds no pooled connection between polls. At most
+``max_streams`` streams are open per server (:class:`StreamSlots`); beyond, 503 with
+``Retry-After``. A comment line every 15 s keeps idle connections alive. Events:
 
 - ``step``: ``{"experiment_id", "attempt", "step", "forward_ms", ..., "loss", "loss_nonfinite"}``
 - ``status``: ``{"experiment_id", "status", "attempt", "error"}``, on connect and on every
@@ -21,26 +23,31 @@ could be skipped by the cursor (those of one experiment never are).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import math
 import re
+import threading
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any
 
 import anyio
-from fastapi import Depends, Header, Query, Request
+from fastapi import Depends, Header, HTTPException, Query, Request, status
 from fastapi.exceptions import RequestValidationError
 from sqlalchemy.orm import Session, sessionmaker
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.concurrency import run_in_threadpool
 
-from ckptlab.db.models import FINISHED_STATUSES
-from ckptlab.db.queries import ExperimentState, StepRow, experiment_states, steps_after
-from ckptlab.db.sweeps import Progress, sweep_progress
+from backend.services.queries import ExperimentState, StepRow, experiment_states, steps_after
+from backend.services.sweeps import Progress, sweep_progress
+from ckptlab.domain import FINISHED_STATUSES, Status
 
 __all__ = [
+    "StreamSlots",
+    "SharedPolls",
     "Cursor",
     "parse_last_event_id",
     "cursor_from_header",
@@ -126,6 +133,34 @@ class _Poll:
     states: list[ExperimentState]
     steps: list[StepRow]
     progress: Progress | None
+    truncated: bool = False  # the step query hit BATCH: more steps follow
+
+
+class StreamSlots:
+    """A server's cap on concurrent live streams (``max_streams``): each open stream holds a
+    slot, no database connection (it polls with a short session each time)."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.open = 0
+        self._lock = threading.Lock()
+
+    def acquire(self) -> bool:
+        """Take a slot; False when all ``limit`` are taken."""
+        with self._lock:
+            if self.open >= self.limit:
+                return False
+            self.open += 1
+            return True
+
+    def release(self) -> None:
+        """Give a slot back (a stream ended or its client left)."""
+        with self._lock:
+            self.open = max(0, self.open - 1)
+
+
+#: Seconds a client refused for the stream cap is told to wait (``Retry-After``).
+RETRY_AFTER_S = 5
 
 
 @dataclass(frozen=True)
@@ -133,16 +168,21 @@ class StreamRequest:
     """What a stream route needs from its request.
 
     Attributes:
-        sessions: the app's session factory (one short session per poll).
+        sessions: the app's session factory (one short session per poll; the route checks
+            the experiment or sweep with a short session of its own, so an open stream
+            holds no pooled connection).
         cursor: where the client resumes (from ``Last-Event-ID``).
         poll_interval_s: the server's ``sse_poll_interval_s``.
         include_steps: the ``steps`` query flag.
+        slots: the server's stream cap.
     """
 
     sessions: sessionmaker[Session]
     cursor: Cursor
     poll_interval_s: float
     include_steps: bool
+    slots: StreamSlots
+    shared: SharedPolls | None = None
 
 
 def stream_request(
@@ -162,10 +202,66 @@ def stream_request(
         cursor=cursor_from_header(last_event_id),
         poll_interval_s=request.app.state.settings.sse_poll_interval_s,
         include_steps=steps,
+        slots=request.app.state.stream_slots,
+        shared=request.app.state.shared_polls,
     )
 
 
 StreamDep = Annotated[StreamRequest, Depends(stream_request)]
+
+
+class SharedPolls:
+    """Streams that watch the same scope share one database poll per interval, whatever
+    their cursors: 200 browsers tailing one sweep cost one poll, not 200.
+
+    An entry holds the statuses and the steps after some cursor ``base`` (the lowest asked
+    for). A stream whose cursor is at or past ``base`` takes the entry's steps after its
+    own cursor; one further behind polls from its cursor, and that lower window replaces
+    the entry, so laggards and the live tail share again at the next interval instead of
+    each polling on its own (which on a busy host would never let them catch up). A poll
+    that hit its row limit is marked ``truncated``: every stream then treats it as a full
+    batch and polls again before it sends statuses or the end.
+
+    Lookups and waiting happen on the event loop; only the poll itself runs in a worker
+    thread, so waiting streams hold no thread the API's other routes need.
+
+    Args:
+        ttl_s: how long a poll is reused, seconds (the poll interval).
+    """
+
+    def __init__(self, ttl_s: float):
+        self.ttl_s = ttl_s
+        self._results: dict[tuple, tuple[float, int, Any]] = {}
+        self._inflight: dict[tuple, tuple[int, asyncio.Future]] = {}
+
+    async def get(self, key: tuple, after: int, compute: Callable[[int], Any]) -> Any:
+        """The poll for ``key`` covering steps after ``after``: a fresh shared one when its
+        window starts at or before ``after``, else ``compute(after)`` run once (in a
+        thread) for every stream asking meanwhile."""
+        now = time.monotonic()
+        hit = self._results.get(key)
+        if hit is not None and now - hit[0] < self.ttl_s and hit[1] <= after:
+            return hit[2]
+        pending = self._inflight.get(key)
+        if pending is not None and pending[0] <= after:
+            return await asyncio.shield(pending[1])
+        future: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._inflight[key] = (after, future)
+        try:
+            result = await run_in_threadpool(compute, after)
+        except BaseException as exc:
+            if not future.done():
+                future.set_exception(exc if isinstance(exc, Exception) else RuntimeError("poll cancelled"))
+                future.exception()  # retrieved: no "never retrieved" warning when nobody waits
+            raise
+        finally:
+            if self._inflight.get(key, (None, None))[1] is future:
+                del self._inflight[key]
+        if len(self._results) > 1024:  # forget scopes no stream watches any more
+            self._results = {k: v for k, v in self._results.items() if now - v[0] < 10 * self.ttl_s}
+        self._results[key] = (time.monotonic(), after, result)
+        future.set_result(result)
+        return result
 
 
 def event_stream(
@@ -173,6 +269,7 @@ def event_stream(
     *,
     experiment_ids: Callable[[Session], list[int]],
     sweep_id: int | None = None,
+    scope: tuple | None = None,
 ) -> EventSourceResponse:
     """An SSE response streaming steps and status changes of some experiments.
 
@@ -180,9 +277,17 @@ def event_stream(
         stream: the request's cursor, poll interval and step flag (:data:`StreamDep`).
         experiment_ids: reads the experiments to watch (the sweep's, or one id).
         sweep_id: the sweep, for ``progress`` events (default None: one experiment).
+        scope: what is watched, e.g. ``("sweep", 3)``: streams of the same scope share
+            their polls (:class:`SharedPolls`). Default: no sharing.
     """
     sessions, cursor, include_steps = stream.sessions, stream.cursor, stream.include_steps
     poll_interval_s = stream.poll_interval_s
+    if not stream.slots.acquire():
+        raise HTTPException(
+            status.HTTP_503_SERVICE_UNAVAILABLE,
+            detail=f"this server already serves {stream.slots.limit} live streams (max_streams); retry later",
+            headers={"Retry-After": str(RETRY_AFTER_S)},
+        )
 
     def poll(after: int, known: dict[int, tuple[str, int]] | None) -> _Poll:
         # Statuses first, then steps: a finished status read here guarantees that its
@@ -195,22 +300,38 @@ def event_stream(
                 (s.id, s.attempt)
                 for s in states
                 if s.attempt > 0
-                and (known is None or s.status == "running" or known.get(s.id) != (s.status, s.attempt))
+                and (known is None or s.status == Status.RUNNING or known.get(s.id) != (s.status, s.attempt))
             ]
             steps = steps_after(session, attempts=pairs, after_id=after, limit=BATCH) if include_steps else []
             progress = sweep_progress(session, sweep_ids=[sweep_id])[sweep_id] if sweep_id is not None else None
-            return _Poll(states, steps, progress)
+            return _Poll(states, steps, progress, len(steps) >= BATCH)
 
     async def generate() -> AsyncIterator[ServerSentEvent]:
+        try:
+            async for event in _events():
+                yield event
+        finally:
+            stream.slots.release()
+
+    async def shared_poll(after: int, known: dict[int, tuple[str, int]] | None) -> _Poll:
+        if scope is None or stream.shared is None:
+            return await run_in_threadpool(poll, after, known)
+        # Shared: read steps of every started experiment (known=None), then keep this
+        # stream's own (after its cursor) from the shared window.
+        result = await stream.shared.get((scope, include_steps), after, lambda a: poll(a, None))
+        mine = [r for r in result.steps if r.id > after]
+        return _Poll(result.states, mine, result.progress, result.truncated)
+
+    async def _events() -> AsyncIterator[ServerSentEvent]:
         step_id, digest = cursor.step_id, cursor.digest
         known: dict[int, tuple[str, int]] = {}  # statuses the client has been sent
         full, resumed = True, False
         while True:
-            result = await run_in_threadpool(poll, step_id, None if full else dict(known))
+            result = await shared_poll(step_id, None if full else dict(known))
             for row in result.steps:
                 step_id = row.id
                 yield _event("step", _step_data(row), Cursor(step_id, digest))
-            full = len(result.steps) >= BATCH
+            full = result.truncated
             if full:
                 continue  # catch up on steps first; statuses follow the steps they end
             current = {s.id: (s.status, s.attempt) for s in result.states}

@@ -1,0 +1,38 @@
+"""Routes about the server itself: liveness and the vocabulary (``/api/meta``)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from sqlalchemy import text
+
+from backend.deps import SessionDep, SettingsDep
+from backend.schemas import CHART_NAMES, Health, MetaPublic, StatusPublic
+from backend.services.series import SERIES_METRICS
+from ckptlab.domain import MemoryCategory, Status
+from ckptlab.spec import MODEL_KINDS, SELECTIVE_POLICIES, STRATEGIES, ExperimentSpec
+
+router = APIRouter(tags=["meta"])
+
+
+@router.get("/health", response_model=Health, summary="Liveness and database check")
+def health(session: SessionDep, request: Request) -> Health:
+    """``ok`` and the database dialect once a ``SELECT 1`` has answered."""
+    session.execute(text("SELECT 1"))
+    return Health(database=session.get_bind().dialect.name, version=request.app.version)
+
+
+@router.get("/meta", response_model=MetaPublic, summary="Statuses, spec choices and limits for clients")
+def meta(settings: SettingsDep) -> MetaPublic:
+    """The vocabulary defined once in :mod:`ckptlab.domain` and :mod:`ckptlab.spec`, so the
+    frontend never spells a status, a strategy or a field bound of its own."""
+    return MetaPublic(
+        statuses=[StatusPublic(name=s, finished=s.finished) for s in Status],
+        memory_categories=[c.value for c in MemoryCategory],
+        model_kinds=list(MODEL_KINDS),
+        strategies=list(STRATEGIES),
+        policies=list(SELECTIVE_POLICIES),
+        series_metrics=list(SERIES_METRICS),
+        chart_names=list(CHART_NAMES),
+        max_sweep_size=settings.max_sweep_size,
+        spec_schema=ExperimentSpec.model_json_schema(),
+    )

@@ -1,0 +1,73 @@
+"""API schemas (``XCreate`` / ``XPublic``), kept apart from the ORM models.
+
+``ExperimentCreate`` is the experiment spec itself (:class:`ckptlab.spec.ExperimentSpec`).
+Every schema carries an example for ``/docs``. One module per resource; this package
+re-exports them all.
+"""
+
+from backend.schemas.common import ErrorDetail, Format, Health, Message, Status
+from backend.schemas.experiments import (
+    AttemptPublic,
+    AttemptsPublic,
+    ExperimentCreate,
+    ExperimentPublic,
+    ExperimentsPublic,
+    Metric,
+    SeriesPoint,
+    SeriesPublic,
+    StepPublic,
+    StepsPublic,
+)
+from backend.schemas.meta import MetaPublic, StatusPublic
+from backend.schemas.sweeps import (
+    CHART_NAMES,
+    ChartName,
+    ChartPublic,
+    InvalidCombination,
+    PlannedRunPublic,
+    ProgressPublic,
+    RecommendationPublic,
+    SweepCreate,
+    SweepExperimentPublic,
+    SweepPlanPublic,
+    SweepPublic,
+    SweepResultPublic,
+    SweepResultsPublic,
+    SweepsPublic,
+    SweepSummaryPublic,
+)
+
+__all__ = [
+    "AttemptPublic",
+    "AttemptsPublic",
+    "CHART_NAMES",
+    "ChartName",
+    "ChartPublic",
+    "ErrorDetail",
+    "ExperimentCreate",
+    "ExperimentPublic",
+    "ExperimentsPublic",
+    "Format",
+    "Health",
+    "InvalidCombination",
+    "Message",
+    "MetaPublic",
+    "Metric",
+    "PlannedRunPublic",
+    "ProgressPublic",
+    "RecommendationPublic",
+    "SeriesPoint",
+    "SeriesPublic",
+    "StatusPublic",
+    "Status",
+    "StepPublic",
+    "StepsPublic",
+    "SweepCreate",
+    "SweepExperimentPublic",
+    "SweepPlanPublic",
+    "SweepPublic",
+    "SweepResultPublic",
+    "SweepResultsPublic",
+    "SweepsPublic",
+    "SweepSummaryPublic",
+]

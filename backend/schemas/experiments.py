@@ -1,0 +1,205 @@
+"""Schemas of experiments, their steps, attempts and per-step series."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, computed_field
+
+from backend.schemas.common import EXAMPLE_SUMMARY, examples
+from backend.services.series import SERIES_METRICS
+from ckptlab.domain import Status
+from ckptlab.spec import EXAMPLE_SPEC, ExperimentSpec
+
+__all__ = [
+    "ExperimentCreate",
+    "ExperimentPublic",
+    "ExperimentsPublic",
+    "StepPublic",
+    "AttemptPublic",
+    "AttemptsPublic",
+    "StepsPublic",
+    "Metric",
+    "SeriesPoint",
+    "SeriesPublic",
+]
+
+Metric = Literal[SERIES_METRICS]  # type: ignore[valid-type]
+
+_EXAMPLE_EXPERIMENT = {
+    "id": 1,
+    "status": Status.SUCCEEDED,
+    "spec": EXAMPLE_SPEC,
+    "created_at": "2026-01-01T12:00:00Z",
+    "started_at": "2026-01-01T12:00:01Z",
+    "finished_at": "2026-01-01T12:00:09Z",
+    "worker_id": "host:1234",
+    "attempt": 1,
+    "summary": EXAMPLE_SUMMARY,
+    "error": None,
+    "warnings": [],
+    "sweep_id": None,
+}
+_EXAMPLE_STEP = {
+    "step": 1,
+    "forward_ms": 3.1,
+    "backward_ms": 6.2,
+    "optimizer_ms": 1.0,
+    "step_ms": 10.4,
+    "allocated_bytes": 4_194_304,
+    "peak_allocated_bytes": 9_437_184,
+    "reserved_bytes": None,
+    "loss": 2.31,
+    "loss_nonfinite": None,
+}
+
+
+class ExperimentCreate(ExperimentSpec):
+    """A new experiment: the experiment spec (unknown fields rejected)."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [EXAMPLE_SPEC]})
+
+
+class ExperimentPublic(BaseModel):
+    """An experiment as the API shows it. ``summary`` is set once it has ``succeeded``."""
+
+    model_config = ConfigDict(from_attributes=True, json_schema_extra={"examples": [_EXAMPLE_EXPERIMENT]})
+
+    id: int
+    status: Status
+    spec: dict[str, Any]
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    worker_id: str | None
+    attempt: int
+    summary: dict[str, Any] | None
+    error: str | None
+    warnings: list[str] | None = None
+    sweep_id: int | None = None
+    snapshot_path: str | None = Field(None, exclude=True)
+
+    @computed_field(description="a CUDA memory snapshot is downloadable at /api/experiments/{id}/snapshot")
+    @property
+    def has_snapshot(self) -> bool:
+        return bool(self.snapshot_path)
+
+
+class ExperimentsPublic(BaseModel):
+    """A page of experiments and the total count matching the query."""
+
+    model_config = examples({"data": [_EXAMPLE_EXPERIMENT], "count": 1})
+
+    data: list[ExperimentPublic]
+    count: int = Field(description="experiments matching the filters (before offset and limit)")
+
+
+class StepPublic(BaseModel):
+    """One step: times in ms, memory in bytes. A non-finite loss is ``loss: null`` with
+    ``loss_nonfinite`` set to ``nan``, ``inf`` or ``-inf``."""
+
+    model_config = ConfigDict(
+        from_attributes=True, ser_json_inf_nan="null", json_schema_extra={"examples": [_EXAMPLE_STEP]}
+    )
+
+    step: int
+    forward_ms: float
+    backward_ms: float
+    optimizer_ms: float
+    step_ms: float
+    allocated_bytes: int | None = Field(description="null on a timing-pass step (not measured)")
+    peak_allocated_bytes: int | None = Field(description="null on a timing-pass step (not measured)")
+    reserved_bytes: int | None
+    loss: float | None
+    loss_nonfinite: Literal["nan", "inf", "-inf"] | None
+    extra: dict[str, Any] | None = Field(
+        None,
+        description="phase peaks (forward_peak_bytes, backward_peak_bytes, optimizer_peak_bytes), "
+        "memory_at_forward_end and memory_at_peak by category (parameters, gradients, optimizer_state, "
+        "activations, other; bytes), activation_bytes, recompute_peak_bytes, params_without_grad, "
+        "nvml_used_bytes (CUDA)",
+    )
+
+
+class AttemptPublic(BaseModel):
+    """One attempt (claim) of an experiment. A lost attempt's steps are kept for inspection
+    (``GET /api/experiments/{id}/steps?attempt=N``) but are never the experiment's series."""
+
+    model_config = ConfigDict(
+        from_attributes=True,
+        json_schema_extra={"examples": [{"attempt": 1, "steps": 37, "lost": True, "current": False}]},
+    )
+
+    attempt: int
+    steps: int = Field(description="steps stored for this attempt")
+    lost: bool = Field(description="its worker was lost or it was requeued at shutdown")
+    current: bool = Field(description="the experiment's current attempt")
+
+
+class AttemptsPublic(BaseModel):
+    """Every attempt of an experiment, oldest first."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "data": [
+                        {"attempt": 1, "steps": 37, "lost": True, "current": False},
+                        {"attempt": 2, "steps": 200, "lost": False, "current": True},
+                    ]
+                }
+            ]
+        }
+    )
+
+    data: list[AttemptPublic]
+
+
+class StepsPublic(BaseModel):
+    """The steps of an experiment's current attempt, by step."""
+
+    model_config = examples({"data": [_EXAMPLE_STEP], "count": 1})
+
+    data: list[StepPublic]
+    count: int
+
+
+class SeriesPoint(BaseModel):
+    """One point of a series: the step and its value."""
+
+    model_config = examples({"step": 412, "value": 58.2})
+
+    step: int
+    value: float
+
+
+class SeriesPublic(BaseModel):
+    """A per-step metric, downsampled to at most ``max_points`` points (MinMaxLTTB: spikes
+    survive; the global minimum and maximum are always included)."""
+
+    model_config = examples(
+        {
+            "experiment_id": 1,
+            "attempt": 1,
+            "metric": "step_ms",
+            "total": 5,
+            "skipped": 0,
+            "downsampled": False,
+            "x": [1, 2, 3, 4, 5],
+            "y": [12.1, 10.4, 10.5, 10.3, 10.6],
+            "min": {"step": 4, "value": 10.3},
+            "max": {"step": 1, "value": 12.1},
+        }
+    )
+
+    experiment_id: int
+    attempt: int
+    metric: Metric
+    total: int = Field(description="steps with a finite value in the full series")
+    skipped: int = Field(description="steps left out because their value is null or not finite")
+    downsampled: bool = Field(description="whether x/y hold fewer points than the full series")
+    x: list[int] = Field(description="step numbers, ascending")
+    y: list[float] = Field(description="the metric at each step (ms or bytes; loss unitless)")
+    min: SeriesPoint | None = Field(description="global minimum of the full series (null when empty)")
+    max: SeriesPoint | None = Field(description="global maximum of the full series (null when empty)")

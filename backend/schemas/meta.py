@@ -1,0 +1,50 @@
+"""Schema of ``GET /api/meta``: the vocabulary and field rules the frontend reads from the
+server instead of spelling them again."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from backend.schemas.common import examples
+from ckptlab.domain import Status
+
+__all__ = ["StatusPublic", "MetaPublic"]
+
+
+class StatusPublic(BaseModel):
+    """One experiment status (:class:`ckptlab.domain.Status`)."""
+
+    name: Status
+    finished: bool = Field(description="a final status: no worker changes it again")
+
+
+class MetaPublic(BaseModel):
+    """Everything a client needs to build a spec form and label results: statuses, memory
+    categories, the choices of each enumerated spec field, the per-step metrics, the chart
+    names, the server's sweep limit and the spec's JSON schema (defaults and bounds)."""
+
+    model_config = examples(
+        {
+            "statuses": [{"name": Status.QUEUED, "finished": False}],
+            "memory_categories": ["parameters", "gradients", "optimizer_state", "activations", "other"],
+            "model_kinds": ["mlp", "resnet", "transformer", "densenet", "custom"],
+            "strategies": ["none", "sequential", "per_block", "selective", "offload"],
+            "policies": ["save_matmuls", "save_matmuls_and_attention", "recompute_all"],
+            "series_metrics": ["step_ms", "peak_allocated_bytes", "loss"],
+            "chart_names": ["memory_vs_segments", "time_vs_segments", "pareto", "correctness"],
+            "max_sweep_size": 256,
+            "spec_schema": {"title": "ExperimentSpec", "type": "object"},
+        }
+    )
+
+    statuses: list[StatusPublic] = Field(description="every status, in lifecycle order")
+    memory_categories: list[str] = Field(description="what live bytes are for (keys of memory_at_peak)")
+    model_kinds: list[str]
+    strategies: list[str] = Field(description="values of checkpoint.strategy")
+    policies: list[str] = Field(description="values of checkpoint.policy (strategy selective)")
+    series_metrics: list[str] = Field(description="metrics GET /api/experiments/{id}/series accepts")
+    chart_names: list[str] = Field(description="charts GET /api/sweeps/{id}/charts/{name} draws")
+    max_sweep_size: int = Field(description="most experiments one sweep may queue, baselines included")
+    spec_schema: dict[str, Any] = Field(description="JSON schema of the experiment spec (defaults, bounds)")

@@ -1,0 +1,356 @@
+"""Schemas of sweeps: the request, its plan (dry run), progress, results and charts."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+
+from backend.schemas.common import EXAMPLE_SUMMARY, ErrorDetail, examples
+from ckptlab.domain import Status
+from ckptlab.spec import find_unstorable
+
+__all__ = [
+    "SweepCreate",
+    "InvalidCombination",
+    "ProgressPublic",
+    "SweepExperimentPublic",
+    "SweepPublic",
+    "SweepSummaryPublic",
+    "SweepsPublic",
+    "SweepResultPublic",
+    "SweepResultsPublic",
+    "PlannedRunPublic",
+    "SweepPlanPublic",
+    "ChartName",
+    "CHART_NAMES",
+    "ChartPublic",
+    "ExcludedRow",
+    "RecommendationPublic",
+]
+
+CHART_NAMES = ("memory_vs_segments", "time_vs_segments", "pareto", "correctness")
+ChartName = Literal["memory_vs_segments", "time_vs_segments", "pareto", "correctness"]
+
+#: A dotted spec path such as ``checkpoint.segments``.
+AXIS_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*){0,5}$"
+AxisPath = Annotated[
+    str,
+    StringConstraints(pattern=AXIS_PATTERN, max_length=200),
+]
+AxisValue = bool | int | float | Annotated[str, StringConstraints(max_length=200)] | None | dict[str, Any]
+
+_EXAMPLE_SWEEP_CREATE = {
+    "name": "segments x rng x amp",
+    "base": {
+        "model": {"kind": "mlp", "depth": 8, "width": 64},
+        "batch_size": 16,
+        "steps": 3,
+        "device": "cpu",
+        "checkpoint": {"strategy": "sequential"},
+    },
+    "axes": {
+        "checkpoint.segments": [1, 2, 4, 8],
+        "checkpoint.preserve_rng_state": [True, False],
+        "amp": ["off", "bf16"],
+    },
+}
+
+
+class SweepCreate(BaseModel):
+    """A new sweep: a base spec crossed with axes of values at dotted spec paths.
+
+    Every combination of axis values is one experiment (validated as an experiment spec;
+    invalid combinations are reported in ``invalid``). A ``none`` baseline
+    (``checkpoint.strategy: "none"``) is added for each combination of the axes outside
+    ``checkpoint.``.
+    """
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [_EXAMPLE_SWEEP_CREATE]})
+
+    name: Annotated[str, StringConstraints(min_length=1, max_length=200, strip_whitespace=True)]
+    base: dict[str, Any] = Field(
+        description="the experiment spec every run starts from (fields as in ExperimentCreate)",
+        json_schema_extra={"examples": [_EXAMPLE_SWEEP_CREATE["base"]]},
+    )
+    axes: dict[AxisPath, Annotated[list[AxisValue], Field(min_length=1, max_length=64)]] = Field(
+        min_length=1,
+        max_length=8,
+        description="dotted spec path -> values, e.g. {'checkpoint.segments': [1, 2, 4]}",
+        # Keys are dotted paths, never empty: say so in the schema, not only in the server.
+        json_schema_extra={"propertyNames": {"pattern": AXIS_PATTERN, "minLength": 1, "maxLength": 200}},
+    )
+
+    @field_validator("name", "base", "axes")
+    @classmethod
+    def _storable(cls, value: Any) -> Any:
+        """JSON has no NaN or Infinity (Python's parser accepts them) and text must be valid
+        UTF-8 (no lone surrogate): reject both here, before anything is stored."""
+        bad = find_unstorable(value)
+        if bad is not None:
+            loc, _value, message = bad
+            where = ".".join(str(p) for p in loc)
+            raise ValueError(f"{where + ': ' if where else ''}{message}")
+        return value
+
+
+class InvalidCombination(BaseModel):
+    """A combination of axis values whose spec did not validate (no experiment queued)."""
+
+    model_config = examples(
+        {
+            "values": {"checkpoint.segments": 16, "amp": "off"},
+            "baseline": False,
+            "errors": [
+                {
+                    "loc": ["checkpoint", "segments"],
+                    "msg": "segments (16) must not exceed model.depth (8)",
+                    "type": "spec_constraint",
+                }
+            ],
+        }
+    )
+
+    values: dict[str, Any]
+    baseline: bool = Field(description="it was the 'none' baseline of its non-checkpoint values")
+    errors: list[ErrorDetail]
+
+
+class ProgressPublic(BaseModel):
+    """How far a sweep has got: ``finished`` of ``total`` and the count in each status."""
+
+    model_config = examples(
+        {
+            "total": 10,
+            "finished": 4,
+            "counts": dict(zip(Status, (5, 1, 4, 0, 0, 0, 0), strict=True)),
+        }
+    )
+
+    total: int
+    finished: int
+    counts: dict[Status, int]
+
+
+class SweepExperimentPublic(BaseModel):
+    """One experiment of a sweep: its axis values, its role and its summary."""
+
+    model_config = examples(
+        {
+            "id": 3,
+            "status": Status.SUCCEEDED,
+            "role": "run",
+            "values": {"checkpoint.segments": 2, "checkpoint.preserve_rng_state": True, "amp": "off"},
+            "label": "segments=2 rng=on amp=off",
+            "baseline_id": 1,
+            "attempt": 1,
+            "summary": EXAMPLE_SUMMARY,
+            "error": None,
+        }
+    )
+
+    id: int
+    status: Status
+    role: Literal["baseline", "run"]
+    values: dict[str, Any] = Field(description="axis path -> this experiment's value")
+    label: str
+    baseline_id: int | None = Field(description="the 'none' baseline this run is compared with")
+    attempt: int
+    summary: dict[str, Any] | None
+    error: str | None
+
+
+class SweepSummaryPublic(BaseModel):
+    """A sweep in a listing: its definition and progress."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    name: str
+    axes: dict[str, Any]
+    created_at: datetime
+    cancelled: bool
+    progress: ProgressPublic
+
+
+class SweepPublic(SweepSummaryPublic):
+    """A sweep with every experiment's summary, its invalid combinations and its progress."""
+
+    model_config = ConfigDict(
+        from_attributes=True,
+        json_schema_extra={
+            "examples": [
+                dict(
+                    id=1,
+                    name="segments x rng x amp",
+                    axes=_EXAMPLE_SWEEP_CREATE["axes"],
+                    base=_EXAMPLE_SWEEP_CREATE["base"],
+                    created_at="2026-01-01T12:00:00Z",
+                    cancelled=False,
+                    progress=ProgressPublic.model_config["json_schema_extra"]["examples"][0],
+                    invalid=[],
+                    experiments=[],
+                )
+            ]
+        },
+    )
+
+    base: dict[str, Any]
+    invalid: list[InvalidCombination]
+    experiments: list[SweepExperimentPublic]
+
+
+class SweepsPublic(BaseModel):
+    """A page of sweeps, newest first, and the total count."""
+
+    data: list[SweepSummaryPublic]
+    count: int
+
+
+class SweepResultPublic(BaseModel):
+    """One row of a sweep's results: axis values and the numbers compared."""
+
+    model_config = ConfigDict(from_attributes=True) | examples(
+        {
+            "experiment_id": 3,
+            "status": Status.SUCCEEDED,
+            "role": "run",
+            "label": "segments=2 rng=on amp=off",
+            "values": {"checkpoint.segments": 2, "checkpoint.preserve_rng_state": True, "amp": "off"},
+            "baseline_id": 1,
+            "metrics": {
+                "activation_bytes": 327680.0,
+                "peak_allocated_bytes": 917504.0,
+                "step_time_ms": 5.2,
+                "overhead_pct": 18.0,
+                "activation_saving_pct": 62.5,
+                "grad_max_abs_diff": 0.0,
+            },
+            "gradients_match": True,
+            "error": None,
+        }
+    )
+
+    experiment_id: int
+    status: Status
+    role: Literal["baseline", "run"]
+    label: str
+    values: dict[str, Any]
+    baseline_id: int | None
+    metrics: dict[str, float | None] = Field(
+        description="activation_bytes, peak_allocated_bytes, recompute_peak_bytes (bytes); step_time_ms, "
+        "forward_ms, backward_ms, optimizer_ms (ms); grad_max_abs_diff, loss_diff, final_loss; "
+        "overhead_pct (step time over the baseline's, %) with overhead_low_pct / overhead_high_pct (its 95% CI); "
+        "activation_saving_pct, peak_saving_pct (%); activation_bytes_at_peak, reference_activation_bytes. "
+        "null when unknown."
+    )
+    gradients_match: bool | None
+    error: str | None
+    strategy: str = Field("none", description="the spec's checkpoint.strategy")
+    overhead: dict[str, float | bool] | None = Field(
+        None,
+        description="step-time overhead against the baseline: estimate_pct, low_pct and high_pct (bootstrap "
+        "95% CI of the ratio of medians of the timed steps) and measurable (the CI excludes 0)",
+    )
+    overhead_text: str | None = Field(
+        None, description="the overhead in words; 'no measurable difference' when its CI contains 0"
+    )
+    findings: list[str] = Field(default_factory=list, description="codes of settings that do nothing or backfire")
+    peak_phase: str | None = Field(None, description="forward, backward or optimizer")
+    peak_explanation: str | None = Field(None, description="where the peak is and what could shrink it")
+
+
+class SweepResultsPublic(BaseModel):
+    """A sweep's results: one row per experiment."""
+
+    sweep_id: int
+    axes: list[str]
+    data: list[SweepResultPublic]
+
+
+class ChartPublic(BaseModel):
+    """A Plotly figure (``fig.to_plotly_json()``): pass ``data`` and ``layout`` to
+    ``Plotly.newPlot``."""
+
+    model_config = examples(
+        {
+            "data": [
+                {"type": "scatter", "name": "activation rng=on amp=off", "x": [2, 4], "y": [327680, 196608]},
+                {"type": "scatter", "name": "segment law", "x": [1, 2, 4], "y": [524288, 327680, 196608]},
+            ],
+            "layout": {"title": {"text": "Memory against segments"}},
+        }
+    )
+
+    data: list[dict[str, Any]]
+    layout: dict[str, Any]
+
+
+class PlannedRunPublic(BaseModel):
+    """One experiment a sweep would queue (from a dry run)."""
+
+    values: dict[str, Any] = Field(description="axis path -> this run's value")
+    label: str
+    baseline: bool = Field(description="it is the 'none' baseline of its non-checkpoint values")
+    spec: dict[str, Any] = Field(description="the validated spec, defaults filled in")
+
+
+class SweepPlanPublic(BaseModel):
+    """What ``POST /api/sweeps`` would queue, from ``?dry_run=true``: nothing is stored."""
+
+    model_config = examples(
+        {
+            "combinations": 4,
+            "baselines": 1,
+            "total": 5,
+            "duplicates": 0,
+            "runs": [
+                {
+                    "values": {"checkpoint.strategy": "none"},
+                    "label": "strategy=none",
+                    "baseline": True,
+                    "spec": {"model": {"kind": "mlp"}},
+                }
+            ],
+            "invalid": [],
+        }
+    )
+
+    combinations: int = Field(description="size of the product of the axes")
+    baselines: int = Field(description="'none' baselines: one per combination of the non-checkpoint axes")
+    total: int = Field(description="experiments the sweep would queue (runs and baselines, duplicates once)")
+    duplicates: int = Field(description="valid combinations whose spec equals an earlier one (queued once)")
+    runs: list[PlannedRunPublic]
+    invalid: list[InvalidCombination]
+
+
+class ExcludedRow(BaseModel):
+    """A row the recommendation left out, and why."""
+
+    experiment_id: int
+    label: str
+    why: str
+
+
+class RecommendationPublic(BaseModel):
+    """Which setting of a sweep to use, and why (``GET /api/sweeps/{id}/recommendation``)."""
+
+    model_config = ConfigDict(from_attributes=True) | examples(
+        {
+            "experiment_id": 4,
+            "label": "segments=4",
+            "reason": "the lowest peak with a real saving: 9.0 MiB (38% below its baseline), step time +21% "
+            "(95% CI +15% to +27%); simpler settings win ties within the noise",
+            "budget_bytes": None,
+            "considered": [1, 2, 3, 4],
+            "excluded": [{"experiment_id": 2, "label": "segments=1", "why": "no real memory saving"}],
+        }
+    )
+
+    experiment_id: int | None = Field(description="the recommended experiment; null when none qualifies")
+    label: str | None
+    reason: str = Field(description="the decision in plain words")
+    budget_bytes: int | None
+    considered: list[int] = Field(description="candidate experiment ids (succeeded, gradients not differing)")
+    excluded: list[ExcludedRow]

@@ -1,0 +1,164 @@
+"""The sweep recommendation: which setting to use, and why, without acting on noise.
+
+Rules (issue: "a recommendation that never acts on noise"):
+
+- Only succeeded runs whose gradients were not found to differ are candidates.
+- A checkpointing setting counts as saving memory only when its peak is lower than its
+  baseline's by more than :data:`~ckptlab.explain.SAVING_THRESHOLD` (1%) and
+  :data:`~ckptlab.explain.SAVING_FLOOR_BYTES` (4 KiB), and its activations are too: a
+  setting that leaves activations unchanged (``segments: 1``) never wins on a faster step
+  time that is noise.
+- Two candidates' step times differ only when the bootstrap 95% CI of their ratio excludes
+  0 (:func:`ckptlab.stats.ratio_ci`); otherwise they tie, and a tie goes to the simpler
+  setting (none, then sequential with fewer segments, per_block, selective, offload).
+- With a memory budget: the baseline when it fits; else the fastest fitting setting with a
+  real saving. Without a budget: the setting with the lowest peak among those with a real
+  saving, its time breaking ties that are within the threshold. When nothing beats the
+  baseline, it says so, and why (e.g. the peak is in the optimizer step).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from backend.services.sweeps import SweepRow
+from ckptlab.domain import Status
+from ckptlab.explain import SAVING_FLOOR_BYTES, SAVING_THRESHOLD, format_bytes
+from ckptlab.stats import ratio_ci
+
+__all__ = ["Recommendation", "recommend"]
+
+
+@dataclass
+class Recommendation:
+    """What to use and why.
+
+    Attributes:
+        experiment_id: the recommended experiment (a baseline when nothing beats it), or
+            None when no candidate exists or nothing fits the budget.
+        label: its label.
+        reason: the decision in plain words.
+        budget_bytes: the budget it was made for, or None.
+        considered: candidate experiment ids.
+        excluded: ``{experiment_id, label, why}`` for rows left out (failed, wrong
+            gradients, no real saving).
+    """
+
+    experiment_id: int | None
+    label: str | None
+    reason: str
+    budget_bytes: int | None = None
+    considered: list[int] = field(default_factory=list)
+    excluded: list[dict] = field(default_factory=list)
+
+
+def _peak(r: SweepRow) -> float:
+    return r.metrics.get("peak_allocated_bytes") or 0.0
+
+
+def _real_saving(r: SweepRow, base: SweepRow | None) -> bool:
+    """Whether ``r`` lowers both the peak and the activations of its baseline by more than
+    the threshold."""
+    if base is None or r is base:
+        return False
+    for key in ("peak_allocated_bytes", "activation_bytes"):
+        mine, theirs = r.metrics.get(key), base.metrics.get(key)
+        if mine is None or not theirs or theirs - mine <= max(SAVING_THRESHOLD * theirs, SAVING_FLOOR_BYTES):
+            return False
+    return True
+
+
+def _faster(a: SweepRow, b: SweepRow) -> bool:
+    """Whether ``a`` is measurably faster than ``b`` (the 95% CI of ``b`` over ``a`` is
+    above 0)."""
+    interval = ratio_ci(a.step_times_ms, b.step_times_ms)
+    return interval is not None and interval.low_pct > 0
+
+
+def _best(rows: list[SweepRow], *, by_peak: bool) -> SweepRow:
+    """The simplest row that nothing else beats: by time (measurably faster), or by peak
+    first (lower by more than the threshold) and then time."""
+    ordered = sorted(rows, key=lambda r: r.simplicity)
+    best = ordered[0]
+    for r in ordered[1:]:
+        if by_peak:
+            margin = max(SAVING_THRESHOLD * _peak(best), SAVING_FLOOR_BYTES)
+            if _peak(best) - _peak(r) > margin or (abs(_peak(best) - _peak(r)) <= margin and _faster(r, best)):
+                best = r
+        elif _faster(r, best):
+            best = r
+    return best
+
+
+def _why_peak(rows: Sequence[SweepRow]) -> str:
+    base = next((r for r in rows if r.role == "baseline" and r.peak_explanation), None)
+    return f" ({base.peak_explanation})" if base else ""
+
+
+def recommend(rows: Sequence[SweepRow], *, budget_bytes: int | None = None) -> Recommendation:
+    """Recommend a setting from a sweep's rows (see the module docstring for the rules).
+
+    Args:
+        rows: :func:`backend.services.sweeps.sweep_rows` of one sweep.
+        budget_bytes: the memory budget for the peak (bytes), or None.
+
+    Returns:
+        The recommendation with its reason.
+    """
+    by_id = {r.experiment_id: r for r in rows}
+    excluded: list[dict] = []
+    candidates: list[SweepRow] = []
+    for r in rows:
+        if r.status != Status.SUCCEEDED or r.metrics.get("peak_allocated_bytes") is None:
+            excluded.append({"experiment_id": r.experiment_id, "label": r.label, "why": f"status {r.status}"})
+        elif r.gradients_match is False:
+            excluded.append({"experiment_id": r.experiment_id, "label": r.label, "why": "its gradients differ"})
+        else:
+            candidates.append(r)
+    baselines = [r for r in candidates if r.role == "baseline"]
+    saving = [r for r in candidates if r.role == "run" and _real_saving(r, by_id.get(r.baseline_id))]
+    for r in candidates:
+        if r.role == "run" and r not in saving:
+            why = "no real memory saving against its baseline (peak or activations within 1% / 4 KiB)"
+            excluded.append({"experiment_id": r.experiment_id, "label": r.label, "why": why})
+    considered = [r.experiment_id for r in candidates]
+
+    def pick(r: SweepRow, reason: str) -> Recommendation:
+        return Recommendation(r.experiment_id, r.label, reason, budget_bytes, considered, excluded)
+
+    def none_(reason: str) -> Recommendation:
+        return Recommendation(None, None, reason, budget_bytes, considered, excluded)
+
+    if not candidates:
+        return none_("no succeeded run with matching gradients to recommend")
+    if budget_bytes is not None:
+        fitting_base = [r for r in baselines if _peak(r) <= budget_bytes]
+        if fitting_base:
+            r = _best(fitting_base, by_peak=False)
+            return pick(r, f"no checkpointing needed: the baseline's peak {format_bytes(_peak(r))} fits the budget")
+        fitting = [r for r in saving if _peak(r) <= budget_bytes]
+        if not fitting:
+            low = min(candidates, key=_peak)
+            return none_(
+                f"nothing fits {format_bytes(budget_bytes)}: the lowest peak is {format_bytes(_peak(low))} "
+                f"({low.label}){_why_peak(rows)}"
+            )
+        r = _best(fitting, by_peak=False)
+        return pick(
+            r,
+            f"the fastest setting whose peak fits {format_bytes(budget_bytes)}: peak {format_bytes(_peak(r))}, "
+            f"step time {r.overhead_text or 'overhead unknown'}; simpler settings win ties within the noise",
+        )
+    if not saving:
+        base = _best(baselines, by_peak=False) if baselines else None
+        reason = "nothing beats the baseline: no setting lowers the peak by more than 1%" + _why_peak(rows)
+        return pick(base, reason) if base else none_(reason)
+    r = _best(saving, by_peak=True)
+    saved = r.metrics.get("peak_saving_pct")
+    return pick(
+        r,
+        f"the lowest peak with a real saving: {format_bytes(_peak(r))}"
+        + (f" ({saved:.0f}% below its baseline)" if saved is not None else "")
+        + f", step time {r.overhead_text or 'overhead unknown'}; simpler settings win ties within the noise",
+    )

@@ -1,0 +1,252 @@
+"""Sweep reads for the API: progress counts, listing, and one row per experiment with its
+baseline and the summary metrics the charts, exports and the recommendation use."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from ckptlab.db.models import Experiment, Sweep
+from ckptlab.domain import FINISHED_STATUSES, Status
+from ckptlab.stats import RatioInterval, ratio_ci
+from ckptlab.sweeps import axis_label, get_path, is_checkpoint_axis
+
+__all__ = [
+    "Progress",
+    "sweep_progress",
+    "list_sweeps",
+    "ROW_METRICS",
+    "STRATEGY_ORDER",
+    "SweepRow",
+    "sweep_rows",
+    "overhead_words",
+]
+
+
+@dataclass(frozen=True)
+class Progress:
+    """How far a sweep has got.
+
+    Attributes:
+        total: experiments in the sweep.
+        finished: those in a finished status (succeeded, failed, oom, timed_out, cancelled).
+        counts: experiments per status (every status present, zeros included).
+    """
+
+    total: int
+    finished: int
+    counts: dict[str, int]
+
+    @property
+    def done(self) -> bool:
+        """Every experiment has finished."""
+        return self.finished >= self.total
+
+
+def sweep_progress(session: Session, *, sweep_ids: Sequence[int]) -> dict[int, Progress]:
+    """Progress of each sweep in ``sweep_ids`` (one grouped count query).
+
+    Returns:
+        sweep id -> :class:`Progress` (sweeps without experiments get a zero total).
+    """
+    counts: dict[int, dict[str, int]] = {sid: dict.fromkeys(Status, 0) for sid in sweep_ids}
+    if sweep_ids:
+        rows = session.execute(
+            select(Experiment.sweep_id, Experiment.status, func.count())
+            .where(Experiment.sweep_id.in_(sweep_ids))
+            .group_by(Experiment.sweep_id, Experiment.status)
+        ).all()
+        for sid, status, n in rows:
+            counts[sid][status] = counts[sid].get(status, 0) + n
+    return {
+        sid: Progress(total=sum(c.values()), finished=sum(n for s, n in c.items() if s in FINISHED_STATUSES), counts=c)
+        for sid, c in counts.items()
+    }
+
+
+def list_sweeps(session: Session, *, offset: int = 0, limit: int = 100) -> tuple[list[Sweep], int]:
+    """Sweeps, newest first, and the total count.
+
+    Args:
+        offset: sweeps to skip (default 0).
+        limit: most sweeps to return (default 100).
+    """
+    rows = session.scalars(select(Sweep).order_by(Sweep.id.desc()).offset(offset).limit(limit)).all()
+    return list(rows), session.scalar(select(func.count()).select_from(Sweep)) or 0
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+#: Summary keys copied into :class:`SweepRow` metrics when they are finite numbers.
+ROW_METRICS = (
+    "activation_bytes",
+    "peak_allocated_bytes",
+    "recompute_peak_bytes",
+    "step_time_ms",
+    "forward_ms",
+    "backward_ms",
+    "optimizer_ms",
+    "grad_max_abs_diff",
+    "loss_diff",
+    "final_loss",
+    "activation_bytes_at_peak",
+    "reference_activation_bytes",
+)
+
+
+@dataclass
+class SweepRow:
+    """One experiment of a sweep, as the charts and exports see it.
+
+    Attributes:
+        experiment_id: the experiment.
+        status: its status.
+        role: ``baseline`` (``checkpoint.strategy`` is ``none``) or ``run``.
+        values: axis path -> value (checkpoint axes are None for baselines, except
+            ``checkpoint.strategy``).
+        group: the values of the non-checkpoint axes (which baseline applies).
+        baseline_id: the experiment id of the matching baseline, or None.
+        metrics: numbers from the summary (:data:`ROW_METRICS`; missing keys are None) plus
+            ``overhead_pct`` (step time over the baseline's, %) and
+            ``activation_saving_pct`` (activation bytes saved against the baseline, %).
+        gradients_match: the summary's ``gradients_match`` (None when not verified).
+        error: the error text's first line, or None.
+        label: ``axis_label`` of the values (e.g. ``segments=2 rng=on amp=off``).
+        strategy: the spec's ``checkpoint.strategy``; ``simplicity``: a sort key, simplest
+            first (none, then sequential with fewer segments, per_block, selective, offload).
+        overhead: the step-time overhead against the baseline with its bootstrap 95% CI
+            (:class:`ckptlab.stats.RatioInterval` as a dict), from the timed steps of both
+            (``summary["step_times_ms"]``); None without samples.
+        overhead_text: it in words: ``"+18% (95% CI +12% to +25%)"`` or ``"no measurable
+            difference (95% CI -3% to +4%)"``.
+        findings: the summary's finding codes; ``peak_phase`` and ``peak_explanation``
+            from the summary.
+        step_times_ms: the timed step times (ms), for comparing two rows.
+    """
+
+    experiment_id: int
+    status: str
+    role: str
+    values: dict[str, Any]
+    group: dict[str, Any]
+    baseline_id: int | None
+    metrics: dict[str, float | None]
+    gradients_match: bool | None
+    error: str | None
+    label: str
+    strategy: str = "none"
+    simplicity: tuple = ()
+    overhead: dict[str, Any] | None = None
+    overhead_text: str | None = None
+    findings: list[str] = field(default_factory=list)
+    peak_phase: str | None = None
+    peak_explanation: str | None = None
+    step_times_ms: list[float] = field(default_factory=list)
+
+
+#: Order of strategies from the simplest: a tie goes to the earlier one.
+STRATEGY_ORDER = ("none", "sequential", "per_block", "selective", "offload")
+
+
+def _simplicity(spec: Mapping[str, Any]) -> tuple:
+    ck = spec.get("checkpoint") or {}
+    strategy = ck.get("strategy", "none")
+    rank = STRATEGY_ORDER.index(strategy) if strategy in STRATEGY_ORDER else len(STRATEGY_ORDER)
+    size = ck.get("segments", 0) if strategy == "sequential" else -(ck.get("every") or 0)
+    return (rank, size if isinstance(size, int) else 0)
+
+
+def _samples(summary: Mapping[str, Any]) -> list[float]:
+    values = summary.get("step_times_ms")
+    if not isinstance(values, list):
+        return []
+    return [float(v) for v in values if _number(v) is not None]
+
+
+def overhead_words(interval: RatioInterval | None) -> str | None:
+    """An overhead in words; "no measurable difference" when its 95% CI contains 0."""
+    if interval is None:
+        return None
+    ci = f"95% CI {interval.low_pct:+.0f}% to {interval.high_pct:+.0f}%"
+    if not interval.measurable:
+        return f"no measurable difference ({ci})"
+    return f"{interval.estimate_pct:+.0f}% ({ci})"
+
+
+def _group_key(values: Mapping[str, Any]) -> str:
+    return json.dumps(values, sort_keys=True, default=str)
+
+
+def sweep_rows(sweep: Sweep) -> list[SweepRow]:
+    """One :class:`SweepRow` per experiment of ``sweep`` (in id order), baselines matched.
+
+    Robust to summaries that lack keys or hold non-numbers (those metrics are None).
+    """
+    paths = list(sweep.axes or {})
+    other = [p for p in paths if not is_checkpoint_axis(p)]
+    rows: list[SweepRow] = []
+    for exp in sorted(sweep.experiments, key=lambda e: e.id):
+        spec = exp.spec or {}
+        baseline = get_path(spec, "checkpoint.strategy") == "none"
+        values = {
+            p: (None if baseline and is_checkpoint_axis(p) and p != "checkpoint.strategy" else get_path(spec, p))
+            for p in paths
+        }
+        summary = exp.summary if isinstance(exp.summary, dict) else {}
+        metrics = {k: _number(summary.get(k)) for k in ROW_METRICS}
+        gm = summary.get("gradients_match")
+        found = summary.get("findings") if isinstance(summary.get("findings"), list) else []
+        rows.append(
+            SweepRow(
+                experiment_id=exp.id,
+                status=exp.status,
+                role="baseline" if baseline else "run",
+                values=values,
+                group={p: values[p] for p in other},
+                baseline_id=None,
+                metrics=metrics,
+                gradients_match=gm if isinstance(gm, bool) else None,
+                error=exp.error.splitlines()[0] if exp.error else None,
+                label=axis_label(values, [p for p in paths if not (baseline and values[p] is None)]) or "base",
+                strategy=str(get_path(spec, "checkpoint.strategy") or "none"),
+                simplicity=_simplicity(spec),
+                findings=[str(f.get("code")) for f in found if isinstance(f, dict)],
+                peak_phase=summary.get("peak_phase") if isinstance(summary.get("peak_phase"), str) else None,
+                peak_explanation=summary.get("peak_explanation")
+                if isinstance(summary.get("peak_explanation"), str)
+                else None,
+                step_times_ms=_samples(summary),
+            )
+        )
+    baselines: dict[str, SweepRow] = {}
+    for r in rows:
+        if r.role == "baseline":
+            key = _group_key(r.group)
+            # Prefer a succeeded baseline when the group has several.
+            if key not in baselines or (baselines[key].status != Status.SUCCEEDED and r.status == Status.SUCCEEDED):
+                baselines[key] = r
+    for r in rows:
+        b = baselines.get(_group_key(r.group))
+        r.baseline_id = b.experiment_id if b else None
+        t, bt = r.metrics["step_time_ms"], b.metrics["step_time_ms"] if b else None
+        a, ba = r.metrics["activation_bytes"], b.metrics["activation_bytes"] if b else None
+        r.metrics["overhead_pct"] = 100.0 * (t / bt - 1.0) if t is not None and bt else None
+        r.metrics["activation_saving_pct"] = 100.0 * (1.0 - a / ba) if a is not None and ba else None
+        p, bp = r.metrics["peak_allocated_bytes"], b.metrics["peak_allocated_bytes"] if b else None
+        r.metrics["peak_saving_pct"] = 100.0 * (1.0 - p / bp) if p is not None and bp else None
+        interval = ratio_ci(b.step_times_ms, r.step_times_ms) if b is not None and b is not r else None
+        r.overhead = interval.as_dict() if interval else None
+        r.overhead_text = overhead_words(interval)
+        r.metrics["overhead_low_pct"] = interval.low_pct if interval else None
+        r.metrics["overhead_high_pct"] = interval.high_pct if interval else None
+    return rows
