@@ -6,8 +6,9 @@
  *   #/experiments/<id>                               one experiment, live per-step charts
  *   #/sweeps/<id>?budget=2GiB&overhead=20&sort=peak  one sweep: charts, runs, recommendation
  *
- * Modules: util.js (formatting, API, streams), plan.js (spec rules, sweep expansion,
- * budgets; no DOM), charts.js (Plotly figures), form.js, list.js, experiment.js, sweep.js.
+ * Modules: util.js (the server's vocabulary, formatting, API, streams),
+ * budget.js (lists, sizes, budgets; no DOM), charts.js (Plotly figures), presets.js,
+ * form.js, sweep_plan.js (the server's dry run), list.js, experiment.js, sweep.js.
  */
 
 import { $, parseHash, setConnectionHandler } from './util.js';

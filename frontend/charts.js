@@ -203,15 +203,18 @@ function titleText(t) {
   return (t && (typeof t === 'string' ? t : t.text)) || '';
 }
 
-/** Scales an axis given in bytes to the binary unit that suits it (MiB, GiB, ...). */
-function scaleByteAxis(data, layout, axis) {
-  const key = `${axis}axis`;
+/** Scales an axis given in bytes to the binary unit that suits it (MiB, GiB, ...).
+ * `key` is a layout axis ("yaxis", "yaxis2"); its traces are those anchored on it. */
+function scaleByteAxis(data, layout, key) {
+  const axis = key[0];
+  const ref = key.replace('axis', '');
   const title = titleText(layout[key] && layout[key].title);
   if (!/bytes/i.test(title)) return;
-  const vals = data.flatMap((t) => (t[axis] || []).filter((v) => typeof v === 'number'));
+  const mine = data.filter((t) => (t[`${axis}axis`] || axis) === ref);
+  const vals = mine.flatMap((t) => (t[axis] || []).filter((v) => typeof v === 'number'));
   if (!vals.length) return;
   const [div, unit] = byteUnit(Math.max(...vals.map(Math.abs)));
-  for (const t of data) {
+  for (const t of mine) {
     if (!t[axis]) continue;
     t[axis] = t[axis].map((v) => (typeof v === 'number' ? v / div : v));
     const fmt = `%{${axis}:.3~f} ${unit}`;
@@ -269,19 +272,27 @@ export function sweepFigure(name, fig) {
     title: { text: titleText(server.title), x: 0, xanchor: 'left', font: { size: 14, color: '#1f2328' } },
     margin: { l: 64, r: 18, t: 40, b: 64 },
     hovermode: server.hovermode || 'closest',
-    xaxis: { ...baseLayout().xaxis, title: (server.xaxis || {}).title },
-    yaxis: { ...baseLayout().yaxis, title: (server.yaxis || {}).title },
     legend: { orientation: 'h', x: 0, y: -0.3, yanchor: 'top', font: { size: 11.5 } },
   });
+  // Every axis of the server's figure (subplots have xaxis2 / yaxis2 with their domains).
+  const axisKeys = Object.keys(server).filter((k) => /^[xy]axis\d*$/.test(k));
+  for (const k of new Set(['xaxis', 'yaxis', ...axisKeys])) {
+    const s0 = server[k] || {};
+    layout[k] = { ...baseLayout()[k[0] + 'axis'], ...['domain', 'anchor', 'matches', 'showticklabels'].reduce((o, a) => (a in s0 ? { ...o, [a]: s0[a] } : o), {}), title: s0.title };
+  }
   layout.xaxis.title = { ...(layout.xaxis.title || {}), standoff: 4 };
+  const xKeys = Object.keys(layout).filter((k) => /^xaxis\d*$/.test(k));
   if (name === 'memory_vs_segments' || name === 'time_vs_segments') {
     // Segment counts are few integers, often powers of two: tick exactly at them.
     const xs = [...new Set(data.flatMap((t) => t.x || []).filter((v) => typeof v === 'number' && v > 0))].sort((a, b) => a - b);
     const runXs = [...new Set(data.filter((t) => !/law/.test(t.name || '')).flatMap((t) => t.x || []))].sort((a, b) => a - b);
-    layout.xaxis.type = xs.length > 1 && xs[xs.length - 1] / xs[0] >= 8 ? 'log' : 'linear';
-    layout.xaxis.tickmode = 'array';
-    layout.xaxis.tickvals = runXs.length ? [...new Set([...(xs.length <= 12 ? xs : []), ...runXs])].sort((a, b) => a - b) : xs;
-    layout.xaxis.title = { text: 'segments', standoff: 4 };
+    for (const k of xKeys) {
+      layout[k].type = xs.length > 1 && xs[xs.length - 1] / xs[0] >= 8 ? 'log' : 'linear';
+      layout[k].tickmode = 'array';
+      layout[k].tickvals = runXs.length ? [...new Set([...(xs.length <= 12 ? xs : []), ...runXs])].sort((a, b) => a - b) : xs;
+    }
+    const bottom = xKeys.length > 1 ? xKeys[xKeys.length - 1] : 'xaxis';
+    for (const k of xKeys) layout[k].title = { text: k === bottom ? 'segments' : '' };
   }
   if (name === 'time_vs_segments') {
     layout.yaxis.rangemode = 'normal';
@@ -295,8 +306,7 @@ export function sweepFigure(name, fig) {
     layout.xaxis.title = { text: '' };
     layout.xaxis.automargin = true;
   }
-  scaleByteAxis(data, layout, 'y');
-  scaleByteAxis(data, layout, 'x');
+  for (const k of Object.keys(layout).filter((k) => /^[xy]axis\d*$/.test(k))) scaleByteAxis(data, layout, k);
   if (!data.length || nPoints(data) === 0) {
     layout.annotations = [{
       xref: 'paper', yref: 'paper', x: 0.5, y: 0.5, showarrow: false,

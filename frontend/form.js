@@ -1,60 +1,13 @@
 /* The "New experiment / sweep" form (#/new): presets, every spec option, sweep axes, the
  * number of runs before submitting, and 422 errors shown next to the field they name. */
 
-import { $, api, detailText, el, modelLabel, setHashParams, strategyLabel } from './util.js';
-import { MODEL_KINDS, DEFAULT_MAX_SWEEP_SIZE, parseBytes, parseList, planSweep } from './plan.js';
+import './form_view.js';
+import { $, MODEL_KINDS, STRATEGIES, api, detailText, el, modelLabel, setHashParams, strategyLabel, syncOptions } from './util.js';
+import { parseBytes, parseList } from './budget.js';
+import { PRESETS } from './presets.js';
+import { autoName, dropPendingPlan, showSweepPlan } from './sweep_plan.js';
 
 const form = $('experiment-form');
-
-/** Presets from the seed documents (docs/domain.md) plus a quick CPU check. */
-export const PRESETS = {
-  mlp72: {
-    spec: {
-      model: { kind: 'mlp', depth: 72, width: 1000, dropout: 0, stem: true },
-      batch_size: 256, steps: 5, warmup_steps: 1, grad_accum_steps: 1,
-      checkpoint: { strategy: 'sequential', segments: 4, use_reentrant: false, preserve_rng_state: true },
-      amp: 'off', optimizer: 'adam', device: 'auto', seed: 0,
-    },
-    axes: { 'checkpoint.segments': '1,2,4,8,16,36' },
-  },
-  resnet: {
-    spec: {
-      model: { kind: 'resnet', depth: 9, channels: 16, image_size: 64, dropout: 0 },
-      batch_size: 8, steps: 5, warmup_steps: 1, grad_accum_steps: 1,
-      checkpoint: { strategy: 'sequential', segments: 3, use_reentrant: false, preserve_rng_state: true },
-      amp: 'off', optimizer: 'adam', device: 'auto', seed: 0,
-    },
-    axes: { 'checkpoint.segments': '1,3,9' },
-  },
-  gpt: {
-    spec: {
-      model: { kind: 'transformer', depth: 6, d_model: 256, heads: 4, seq_len: 256, vocab_size: 1000, dropout: 0 },
-      batch_size: 8, steps: 5, warmup_steps: 1, grad_accum_steps: 1,
-      checkpoint: { strategy: 'per_block', every: 1, policy: 'save_matmuls', use_reentrant: false, preserve_rng_state: true },
-      amp: 'off', optimizer: 'adamw', device: 'auto', seed: 0,
-    },
-    axes: { 'checkpoint.segments': '1,2,3,6', 'checkpoint.every': '1,2,3' },
-  },
-  tiny: {
-    spec: {
-      model: { kind: 'mlp', depth: 8, width: 64, dropout: 0, stem: true },
-      batch_size: 16, steps: 3, warmup_steps: 1, grad_accum_steps: 1,
-      checkpoint: { strategy: 'sequential', segments: 2, use_reentrant: false, preserve_rng_state: true },
-      amp: 'off', optimizer: 'adam', device: 'cpu', seed: 0,
-    },
-    axes: { 'checkpoint.segments': '2,4' },
-  },
-};
-
-const AXIS_NAMES = {
-  'checkpoint.strategy': ['strategy', 'strategies'],
-  'checkpoint.segments': ['segment count', 'segment counts'],
-  'checkpoint.every': ['group size', 'group sizes'],
-  'checkpoint.preserve_rng_state': ['RNG setting', 'RNG settings'],
-  'checkpoint.use_reentrant': ['reentrant setting', 'reentrant settings'],
-  amp: ['AMP mode', 'AMP modes'],
-  batch_size: ['batch size', 'batch sizes'],
-};
 
 let navigate = (hash) => { location.hash = hash; };
 let onSweepCreated = () => {};
@@ -154,11 +107,6 @@ function readAxes() {
   return { axes, errors };
 }
 
-function autoName(spec, axes) {
-  const names = Object.keys(axes).map((p) => (AXIS_NAMES[p] ? AXIS_NAMES[p][0].split(' ')[0] : p.split('.').pop()));
-  return `${modelLabel(spec)} · ${names.join(' × ') || 'sweep'}`;
-}
-
 // ------------------------------------------------------------------ dependent fields
 
 /** Shows the model kind's fields, and the checkpoint knobs the chosen strategies use. */
@@ -218,25 +166,15 @@ function onAxisToggle(toggle) {
 
 // ------------------------------------------------------------------ run count
 
-function plural(n, pair) {
-  return `${n} ${n === 1 ? pair[0] : pair[1]}`;
-}
-
-function valuesText(values) {
-  return Object.entries(values)
-    .map(([p, v]) => `${p.replace('checkpoint.', '')}=${typeof v === 'boolean' ? (v ? 'on' : 'off') : v}`)
-    .join(' ');
-}
-
-/** Recomputes and shows what will be queued (planSweep mirrors the server's planner). */
+/** Shows what will be queued: one experiment, or the server's plan of the sweep (a dry run). */
 function updatePlan() {
   syncVisibility();
   const box = $('run-count');
   const notes = $('plan-notes');
-  const noteItems = [];
   const { spec } = readSpec();
   const button = $('submit');
   if (!isSweep()) {
+    dropPendingPlan();
     box.dataset.total = '1';
     box.replaceChildren(
       el('div', { class: 'big' }, el('strong', { id: 'run-count-total' }, '1'), ' experiment'),
@@ -251,6 +189,7 @@ function updatePlan() {
   const paths = Object.keys(axes);
   $('request-preview').textContent = JSON.stringify({ name: $('sweep-name').value.trim() || autoName(spec, axes), base: spec, axes }, null, 2);
   if (errors.length || !paths.length) {
+    dropPendingPlan();
     box.dataset.total = '';
     box.replaceChildren(
       el('div', { class: 'big' }, el('strong', { id: 'run-count-total' }, '–'), ' experiments'),
@@ -264,47 +203,7 @@ function updatePlan() {
     button.textContent = 'Submit sweep';
     return;
   }
-  const plan = planSweep(spec, axes);
-  const total = plan.runs.length;
-  const runs = plan.runs.filter((r) => !r.baseline).length;
-  const baselines = total - runs;
-  const factors = paths.map((p) => plural(axes[p].length, AXIS_NAMES[p] || ['value', 'values']));
-  box.dataset.total = plan.tooLarge || plan.axisErrors.length ? '' : String(total);
-  if (plan.tooLarge) {
-    box.replaceChildren(
-      el('div', { class: 'big bad' }, el('strong', { id: 'run-count-total' }, String(plan.combinations + plan.baselines)), ' experiments'),
-      el('div', { class: 'small' }, `${factors.join(' × ')}: over the server's default limit of ${DEFAULT_MAX_SWEEP_SIZE} per sweep`),
-    );
-  } else {
-    box.replaceChildren(
-      el('div', { class: 'big' }, el('strong', { id: 'run-count-total' }, String(total)), total === 1 ? ' experiment' : ' experiments'),
-      el('div', { class: 'muted small' }, `${modelLabel(spec)} · batch ${spec.batch_size ?? 'varied'} · ${spec.steps ?? '?'} steps on ${spec.device}`),
-      el('div', { class: 'small' },
-        `${plural(runs, ['run', 'runs'])} (${factors.join(' × ')}) + ${plural(baselines, ['baseline', 'baselines'])} `,
-        el('span', { class: 'muted' }, `(strategy none, one per ${plan.baselines > 1 ? 'combination of AMP / batch size' : 'sweep'})`)),
-    );
-  }
-  for (const e of plan.axisErrors) noteItems.push(el('li', { class: 'bad' }, e.msg));
-  if (plan.duplicates) {
-    noteItems.push(el('li', null, `${plural(plan.duplicates, ['combination is', 'combinations are'])} the same spec as another run and queued once.`));
-  }
-  const invalidRuns = plan.invalid.filter((i) => !i.baseline);
-  if (invalidRuns.length && !plan.noValid) {
-    const ex = invalidRuns[0];
-    noteItems.push(el('li', { class: 'warn' },
-      `${plural(invalidRuns.length, ['combination is', 'combinations are'])} invalid and will not be queued, e.g. `,
-      el('code', null, valuesText(ex.values)), `: ${ex.errors[0].msg}.`));
-  }
-  const invalidBase = plan.invalid.filter((i) => i.baseline);
-  if (invalidBase.length && !plan.noValid) {
-    noteItems.push(el('li', { class: 'warn' }, `${plural(invalidBase.length, ['baseline is', 'baselines are'])} invalid: ${invalidBase[0].errors[0].msg}.`));
-  }
-  if (plan.noValid) {
-    const ex = plan.invalid.find((i) => !i.baseline) || plan.invalid[0];
-    noteItems.push(el('li', { class: 'bad' }, `No valid combination${ex ? `: ${ex.errors[0].loc.join('.')}: ${ex.errors[0].msg}` : ''}.`));
-  }
-  notes.replaceChildren(...noteItems);
-  button.textContent = plan.tooLarge || plan.noValid ? 'Submit sweep' : `Submit sweep (${total} runs)`;
+  showSweepPlan({ spec, axes, body: { name: $('sweep-name').value.trim() || autoName(spec, axes), base: spec, axes } });
 }
 
 function schedulePlan() {
@@ -475,8 +374,8 @@ export function fillForm(spec, { axes } = {}) {
   for (const key of ['segments', 'every', 'policy', 'use_reentrant', 'preserve_rng_state']) {
     setControl($(`checkpoint.${key}`), ck[key]);
   }
-  for (const key of ['batch_size', 'grad_accum_steps', 'steps', 'warmup_steps', 'optimizer', 'amp', 'device', 'seed',
-    'verify_gradients', 'memory_snapshot', 'timeout_s']) {
+  for (const key of ['batch_size', 'grad_accum_steps', 'steps', 'timed_steps', 'warmup_steps', 'optimizer', 'amp',
+    'device', 'seed', 'verify_gradients', 'memory_snapshot', 'memory_early_stop', 'timeout_s']) {
     setControl($(key), spec[key]);
   }
   $('memory_limit_bytes').value = spec.memory_limit_bytes ? String(spec.memory_limit_bytes) : '';
@@ -503,6 +402,8 @@ function setMode(mode) {
 export function initForm(opts) {
   navigate = opts.navigate || navigate;
   onSweepCreated = opts.onSweepCreated || onSweepCreated;
+  syncOptions($('model.kind'), MODEL_KINDS);
+  syncOptions($('checkpoint.strategy'), STRATEGIES);
   form.addEventListener('submit', onSubmit);
   form.addEventListener('input', (e) => {
     if (e.target.getAttribute('aria-invalid') === 'true' || fieldOf(e.target).querySelector('.field-error')) {

@@ -4,7 +4,7 @@
  * listing finds new experiments and covers whatever no stream watches. */
 
 import {
-  $, LiveStream, TERMINAL, api, debounce, el, flagLabel, fmtAgo, fmtBytes, fmtDate, fmtInt, fmtMs, gradBadge,
+  $, LiveStream, META, STATUS, STATUSES, TERMINAL, api, debounce, el, flagLabel, fmtAgo, fmtBytes, fmtDate, fmtInt, fmtMs, gradBadge,
   modelLabel, parseHash, setHashParams, statusBadge, strategyLabel,
 } from './util.js';
 
@@ -70,7 +70,7 @@ function experimentRow(exp) {
     bytesCell(s.activation_bytes),
     bytesCell(s.peak_allocated_bytes),
     el('td', { class: 'num' }, fmtMs(s.step_time_ms)),
-    el('td', null, exp.status === 'succeeded' ? gradBadge(s.gradients_match ?? null, s.grad_max_abs_diff) : ''),
+    el('td', null, exp.status === STATUS.SUCCEEDED ? gradBadge(s.gradients_match ?? null, s.grad_max_abs_diff) : ''),
     el('td', null, exp.sweep_id ? el('a', { href: `#/sweeps/${exp.sweep_id}` }, `#${exp.sweep_id}`) : ''),
     el('td', { title: fmtDate(exp.created_at), class: 'muted' }, fmtAgo(exp.created_at)),
   );
@@ -127,8 +127,8 @@ function progressCell(p, cancelled) {
       el('div', { class: 'progress-bar small', role: 'progressbar', 'aria-valuemin': 0, 'aria-valuemax': p.total, 'aria-valuenow': p.finished },
         el('span', { style: `width:${(100 * frac).toFixed(1)}%` })),
       el('span', { class: 'progress-text' }, `${p.finished} of ${p.total}`),
-      cancelled ? el('span', { class: 'badge status-cancelled' }, 'cancelled')
-        : p.counts.running ? el('span', { class: 'badge status-running' }, 'running')
+      cancelled ? el('span', { class: 'badge status-cancelled' }, STATUS.CANCELLED)
+        : p.counts.running ? el('span', { class: 'badge status-running' }, STATUS.RUNNING)
           : notOk > 0 ? el('span', { class: 'badge status-failed' }, `${notOk} not succeeded`) : ''),
   );
 }
@@ -163,7 +163,7 @@ function onStatus(data) {
     tr.dataset.status = data.status;
     tr.querySelector('td.status').replaceChildren(statusBadge(data.status));
   }
-  if (TERMINAL.has(data.status) || data.status === 'running') refreshSoon();
+  if (TERMINAL.has(data.status) || data.status === STATUS.RUNNING) refreshSoon();
 }
 
 function onProgress(sweepId, p) {
@@ -184,7 +184,7 @@ function syncStreams(sweeps) {
   const covered = new Set(sweeps.filter((sw) => wanted.has(`/api/sweeps/${sw.id}/events?steps=false`)).map((sw) => sw.id));
   let uncovered = 0;
   const pending = rows.filter((e) => !TERMINAL.has(e.status) && !(e.sweep_id && covered.has(e.sweep_id)));
-  pending.sort((a, b) => (a.status === 'running' ? 0 : 1) - (b.status === 'running' ? 0 : 1) || a.id - b.id);
+  pending.sort((a, b) => (a.status === STATUS.RUNNING ? 0 : 1) - (b.status === STATUS.RUNNING ? 0 : 1) || a.id - b.id);
   for (const exp of pending) {
     if (wanted.size < MAX_STREAMS) wanted.set(`/api/experiments/${exp.id}/events?steps=false`, { status: onStatus });
     else uncovered += 1;
@@ -249,6 +249,10 @@ function syncFilterInputs(s) {
 }
 
 export function initList() {
+  // The filters' choices come from the server's vocabulary (GET /api/meta).
+  for (const [id, names] of [['filter-status', STATUSES], ['filter-model', META.model_kinds], ['filter-strategy', META.strategies]]) {
+    $(id).append(...names.map((n) => el('option', { value: n }, n)));
+  }
   $('filters').addEventListener('change', (e) => {
     setHashParams({ [e.target.name]: e.target.value, offset: null });
     lastKey = null;

@@ -3,11 +3,11 @@
  * the recommendation for a memory budget. */
 
 import {
-  $, LiveStream, TERMINAL, api, debounce, detailText, el, fmtBytes, fmtDate, fmtDiff, fmtInt, fmtMs, fmtPct, gradBadge,
-  loadPlotly, modelLabel, parseHash, setHashParams, statusBadge,
+  $, LiveStream, STATUS, TERMINAL, api, debounce, detailText, el, fmtBytes, fmtDiff, fmtInt, fmtMs, fmtPct, gradBadge, loadPlotly, parseHash, setHashParams, statusBadge,
 } from './util.js';
+import { shortName, valueText, num, renderProgress, renderHeader } from './sweep_header.js';
 import { PLOT_CONFIG, sweepFigure } from './charts.js';
-import { parseBytes, recommend } from './plan.js';
+import { parseBytes, recommend } from './budget.js';
 
 export const CHARTS = [
   ['memory_vs_segments', 'sweep-chart-memory'],
@@ -16,85 +16,7 @@ export const CHARTS = [
   ['correctness', 'sweep-chart-correctness'],
 ];
 
-const SHORT = {
-  'checkpoint.preserve_rng_state': 'rng',
-  'checkpoint.use_reentrant': 'reentrant',
-  'checkpoint.segments': 'segments',
-  'checkpoint.strategy': 'strategy',
-  'checkpoint.every': 'every',
-  'checkpoint.policy': 'policy',
-};
-
 let cur = null; // {id, sweep, results, stream, poll, loading, again}
-
-function shortName(path) {
-  return SHORT[path] || path.split('.').pop();
-}
-
-function valueText(v) {
-  if (v === true) return 'on';
-  if (v === false) return 'off';
-  if (v === null || v === undefined) return '—';
-  return typeof v === 'object' ? JSON.stringify(v) : String(v);
-}
-
-function num(v) {
-  return typeof v === 'number' && Number.isFinite(v) ? v : null;
-}
-
-// ------------------------------------------------------------------ header and progress
-
-function renderProgress(p, cancelled) {
-  if (!p) return;
-  $('sweep-progress-text').textContent = `${p.finished} of ${p.total}`;
-  const bar = $('sweep-progress-bar');
-  bar.setAttribute('aria-valuemax', String(p.total));
-  bar.setAttribute('aria-valuenow', String(p.finished));
-  const c = p.counts || {};
-  const parts = [];
-  const frac = (k) => (p.total ? (100 * (c[k] || 0)) / p.total : 0);
-  bar.replaceChildren(
-    el('span', { class: 'seg ok', style: `width:${frac('succeeded')}%` }),
-    el('span', { class: 'seg bad', style: `width:${frac('failed') + frac('oom') + frac('timed_out')}%` }),
-    el('span', { class: 'seg cancelled', style: `width:${frac('cancelled')}%` }),
-    el('span', { class: 'seg running', style: `width:${frac('running')}%` }),
-  );
-  for (const k of ['succeeded', 'running', 'queued', 'failed', 'oom', 'timed_out', 'cancelled']) {
-    if (c[k]) parts.push(`${c[k]} ${k.replace('_', ' ')}`);
-  }
-  $('sweep-counts').textContent = parts.join(' · ');
-  const done = p.finished >= p.total;
-  $('sweep-cancel').hidden = done || cancelled;
-}
-
-function renderHeader(sw) {
-  $('sweep-title').textContent = `Sweep #${sw.id} · ${sw.name}`;
-  document.title = `ckptlab · sweep #${sw.id}`;
-  const axes = Object.entries(sw.axes || {}).map(([p, vs]) => `${shortName(p)} ${vs.map(valueText).join(', ')}`).join(' × ');
-  const base = sw.base || {};
-  const baseText = [modelLabel(base), base.batch_size ? `batch ${base.batch_size}` : null, base.steps ? `${base.steps} steps` : null,
-    base.device || null, base.optimizer || null, base.amp && base.amp !== 'off' ? `amp ${base.amp}` : null].filter(Boolean).join(' · ');
-  const ck = base.checkpoint || {};
-  const strategy = ck.strategy && !(sw.axes || {})['checkpoint.strategy'] ? ` · ${ck.strategy}` : '';
-  $('sweep-desc').replaceChildren(...[
-    el('span', null, 'Axes: ', el('strong', null, axes || '—')), ' · ',
-    el('span', null, 'base: ', baseText, strategy), ' · ',
-    el('span', null, `created ${fmtDate(sw.created_at)}`),
-    sw.cancelled ? el('span', { class: 'badge status-cancelled' }, 'cancelled') : null,
-  ].filter(Boolean));
-  const id = sw.id;
-  $('sweep-downloads').replaceChildren(
-    el('a', { href: `/api/sweeps/${id}/results?format=csv`, download: `sweep-${id}-results.csv`, class: 'button secondary small' }, 'Results CSV'),
-    el('a', { href: `/api/sweeps/${id}/results`, download: `sweep-${id}-results.json`, class: 'button secondary small' }, 'Results JSON'),
-    el('a', { href: `/api/experiments/export?format=csv&sweep_id=${id}`, download: `sweep-${id}-experiments.csv`, class: 'button secondary small' }, 'Experiments CSV'),
-  );
-  renderProgress(sw.progress, sw.cancelled);
-  const invalid = sw.invalid || [];
-  $('sweep-invalid').hidden = invalid.length === 0;
-  $('sweep-invalid-list').replaceChildren(...invalid.map((inv) => el('li', null,
-    el('code', null, Object.entries(inv.values).map(([p, v]) => `${shortName(p)}=${valueText(v)}`).join(' ')),
-    inv.baseline ? ' (baseline)' : '', ': ', inv.errors.map((e) => e.msg).join('; '))));
-}
 
 // ------------------------------------------------------------------ table
 
@@ -162,11 +84,14 @@ function renderTable() {
       if (x.key === 'status') return el('td', { class: 'status' }, statusBadge(v));
       if (x.key === 'role') return el('td', null, el('span', { class: `role role-${v}` }, v));
       if (x.key === 'grad') {
-        return el('td', null, r.status === 'succeeded' ? gradBadge(r.gradients_match, m.grad_max_abs_diff) : '',
-          r.status === 'succeeded' && num(v) ? el('span', { class: 'muted small' }, ` ${fmtDiff(v)}`) : '');
+        return el('td', null, r.status === STATUS.SUCCEEDED ? gradBadge(r.gradients_match, m.grad_max_abs_diff) : '',
+          r.status === STATUS.SUCCEEDED && num(v) ? el('span', { class: 'muted small' }, ` ${fmtDiff(v)}`) : '');
       }
       if (x.bytes) return el('td', { class: 'num', title: num(v) !== null ? `${fmtInt(v)} bytes` : null }, fmtBytes(v));
-      if (x.pct) return el('td', { class: 'num' }, r.role === 'baseline' ? '—' : fmtPct(v));
+      if (x.key === 'overhead' && r.overhead && !r.overhead.measurable) {
+        return el('td', { class: 'num muted', title: r.overhead_text }, 'no measurable difference');
+      }
+      if (x.pct) return el('td', { class: 'num', title: x.key === 'overhead' ? r.overhead_text : null }, r.role === 'baseline' ? '—' : fmtPct(v));
       if (x.key === 'time') return el('td', { class: 'num' }, fmtMs(v));
       return el('td', null, valueText(v));
     });
@@ -200,9 +125,27 @@ function pickLine(row, extra) {
   ];
 }
 
+let reasonTicket = 0;
+
+/** The server's verdict for this budget (GET /api/sweeps/{id}/recommendation): only real
+ * savings count, time differences inside the 95% CI are ties, and it says why. */
+async function showServerReason(id, budget) {
+  const ticket = ++reasonTicket;
+  const q = budget === null ? '' : `?budget_bytes=${budget}`;
+  const r = await api(`/api/sweeps/${id}/recommendation${q}`).catch(() => null);
+  if (ticket !== reasonTicket || !r || !r.ok) return;
+  const rec = r.body;
+  $('recommend-reason').replaceChildren(
+    el('strong', null, 'ckptlab: '),
+    rec.experiment_id ? el('a', { href: `#/experiments/${rec.experiment_id}` }, `${rec.label} (#${rec.experiment_id})`) : 'no pick',
+    ` — ${rec.reason}.`,
+  );
+}
+
 function renderRecommendation() {
   const c = cur;
   const { raw, budget, overhead } = readInputs();
+  showServerReason(c.id, budget);
   c.overhead = overhead;
   const hint = $('budget-hint');
   $('budget').toggleAttribute('aria-invalid', Boolean(raw) && budget === null);

@@ -1,13 +1,9 @@
-/* Shared helpers: formatting, DOM building, the API client, hash routes, live streams and
- * the lazy Plotly loader. No dependencies; ES module served as /static/util.js. */
+/* Shared helpers: the server's vocabulary (META, read once at start-up), formatting, DOM
+ * building, the API client, hash routes, live streams and the lazy Plotly loader.
+ * No dependencies; ES module served as /static/util.js. */
 
 export const MIB = 1024 * 1024;
 
-/** Statuses after which an experiment never changes again. */
-export const TERMINAL = new Set(['succeeded', 'failed', 'oom', 'timed_out', 'cancelled']);
-export const STATUSES = ['queued', 'running', 'succeeded', 'failed', 'oom', 'timed_out', 'cancelled'];
-export const MODEL_KINDS = ['mlp', 'resnet', 'transformer', 'densenet', 'custom'];
-export const STRATEGIES = ['none', 'sequential', 'per_block', 'selective', 'offload'];
 /** Strategies that recompute through torch.utils.checkpoint (where the flags matter). */
 export const RECOMPUTING = new Set(['sequential', 'per_block', 'selective']);
 
@@ -241,6 +237,47 @@ export function detailText(body) {
     return body.detail.map((d) => `${(d.loc || []).join('.')}: ${d.msg}`).join('; ');
   }
   return JSON.stringify(body).slice(0, 300);
+}
+
+// ------------------------------------------------------------------ vocabulary
+
+/* The vocabulary and field rules, read once from the server (GET /api/meta) before any
+ * other module runs (top-level await), so the frontend spells no status, strategy or
+ * bound of its own. Retries every second while the server is unreachable. */
+async function loadMeta() {
+  for (;;) {
+    try {
+      const r = await api('/api/meta');
+      if (r.ok) return r.body;
+    } catch (_) {
+      /* the server is not up yet: try again */
+    }
+    await new Promise((resolve) => setTimeout(resolve, 1000));
+  }
+}
+
+/** {statuses: [{name, finished}], memory_categories, model_kinds, strategies, policies,
+ *  series_metrics, chart_names, max_sweep_size, spec_schema} */
+export const META = await loadMeta();
+
+/** Status names by upper-case member name: STATUS.SUCCEEDED, STATUS.RUNNING, ... */
+export const STATUS = Object.freeze(Object.fromEntries(META.statuses.map((s) => [s.name.toUpperCase(), s.name])));
+/** Every status, in lifecycle order. */
+export const STATUSES = META.statuses.map((s) => s.name);
+/** Statuses after which an experiment never changes again. */
+export const TERMINAL = new Set(META.statuses.filter((s) => s.finished).map((s) => s.name));
+export const MODEL_KINDS = META.model_kinds;
+export const STRATEGIES = META.strategies;
+
+/**
+ * Make a <select>'s options the server's `names`: options already described in the page
+ * are kept (in the server's order), ones the server does not know go, new names are added.
+ */
+export function syncOptions(select, names) {
+  const known = new Map([...select.options].map((o) => [o.value, o]));
+  const selected = select.value;
+  select.replaceChildren(...names.map((n) => known.get(n) || el('option', { value: n }, n)));
+  if (names.includes(selected)) select.value = selected;
 }
 
 // ------------------------------------------------------------------ hash routes

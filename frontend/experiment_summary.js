@@ -1,0 +1,249 @@
+/* The parts of the experiment page that render one finished or running experiment: its
+ * summary against the `none` baseline, the peak and its findings, the memory breakdown,
+ * the spec, the environment, downloads, and finding / submitting that baseline. */
+
+import {
+  $, RECOMPUTING, STATUS, TERMINAL, api, detailText, el, fmtAgo, fmtBytes, fmtDate, fmtDiff, fmtDuration, fmtInt, fmtMs, fmtPct, gradBadge, kv, strategyLabel,
+} from './util.js';
+import { CATEGORIES } from './charts.js';
+
+// ------------------------------------------------------------------ rendering
+
+export function setStatus(status) {
+  const node = $('exp-status');
+  node.textContent = status;
+  node.className = `status badge status-${status}`;
+  $('exp-cancel').hidden = TERMINAL.has(status);
+}
+
+export function renderSpec(spec) {
+  const m = spec.model || {};
+  const c = spec.checkpoint || {};
+  const modelParts = Object.entries(m)
+    .filter(([k]) => k !== 'kind')
+    .map(([k, v]) => `${k} ${typeof v === 'object' && v !== null ? JSON.stringify(v) : v}`);
+  const entries = [
+    ['Model', [m.kind, ...modelParts].join(' · ')],
+    ['Batch', `${fmtInt(spec.batch_size)}${spec.grad_accum_steps > 1 ? ` × ${spec.grad_accum_steps} accumulated` : ''}`],
+    ['Steps', `${spec.steps} (${spec.warmup_steps} warm-up)`],
+    ['Checkpointing', c.strategy === 'sequential' ? `sequential, ${c.segments} segments` : strategyLabel(spec)],
+  ];
+  if (RECOMPUTING.has(c.strategy)) {
+    entries.push(['use_reentrant', String(c.use_reentrant)]);
+    entries.push(['preserve_rng_state', String(c.preserve_rng_state)]);
+  }
+  entries.push(
+    ['AMP · optimizer', `${spec.amp} · ${spec.optimizer}`],
+    ['Device · seed', `${spec.device} · ${spec.seed}`],
+  );
+  if (spec.memory_limit_bytes) entries.push(['Memory limit', fmtBytes(spec.memory_limit_bytes)]);
+  if (spec.timeout_s) entries.push(['Timeout', `${spec.timeout_s} s`]);
+  entries.push(['Gradient check', spec.verify_gradients === false ? 'off' : 'on']);
+  if (spec.memory_snapshot) entries.push(['Memory snapshot', 'requested']);
+  kv($('exp-spec'), entries);
+  $('exp-spec-json').textContent = JSON.stringify(spec, null, 2);
+}
+
+function bytesDd(v) {
+  return { title: v !== null && v !== undefined ? `${fmtInt(v)} bytes` : null };
+}
+
+/** "−42% vs baseline" style change, colored by whether lower is better. */
+function delta(v, base, { lowerIsBetter = true } = {}) {
+  if (typeof v !== 'number' || typeof base !== 'number' || !base) return null;
+  const pct = 100 * (v / base - 1);
+  const good = lowerIsBetter ? pct < -0.5 : pct > 0.5;
+  const bad = lowerIsBetter ? pct > 0.5 : pct < -0.5;
+  return el('span', { class: `delta ${good ? 'good' : bad ? 'bad' : ''}` }, `${fmtPct(pct)} vs baseline`);
+}
+
+/** "3.31 ms (IQR 0.12 ms, 95% CI 3.01–3.47 ms, 20 timed steps)". */
+function stepTimeText(s) {
+  const t = s.timing && s.timing.step_ms;
+  if (!t) return fmtMs(s.step_time_ms);
+  const pass = s.timing_pass === 'timed' ? 'timed steps, tracker off' : 'memory steps';
+  return `${fmtMs(t.median)} (IQR ${fmtMs(t.iqr)}, 95% CI ${fmtMs(t.ci_low)}–${fmtMs(t.ci_high)}, ${t.n} ${pass})`;
+}
+
+export function renderSummary(exp, baseline) {
+  const s = exp.summary;
+  const pending = $('summary-pending');
+  pending.hidden = Boolean(s);
+  pending.textContent = TERMINAL.has(exp.status)
+    ? `The run ended (${exp.status.replace('_', ' ')}) without a summary.`
+    : exp.status === STATUS.QUEUED ? 'Queued: waiting for a worker.' : 'Running: the summary appears when it finishes.';
+  const headline = $('exp-headline');
+  if (!s) {
+    $('exp-summary').replaceChildren();
+    $('exp-breakdown').replaceChildren();
+    headline.hidden = true;
+  } else {
+    const b = baseline && baseline.summary;
+    const isBaseline = (exp.spec.checkpoint || {}).strategy === 'none';
+    headline.hidden = false;
+    headline.replaceChildren(
+      el('div', { class: 'metric' }, el('span', { class: 'label' }, 'Activations'),
+        el('span', { class: 'value', id: 'm-activation' }, fmtBytes(s.activation_bytes)),
+        b && !isBaseline ? delta(s.activation_bytes, b.activation_bytes) : null),
+      el('div', { class: 'metric' }, el('span', { class: 'label' }, 'Peak allocated'),
+        el('span', { class: 'value', id: 'm-peak' }, fmtBytes(s.peak_allocated_bytes)),
+        b && !isBaseline ? delta(s.peak_allocated_bytes, b.peak_allocated_bytes) : null),
+      el('div', { class: 'metric' }, el('span', { class: 'label', title: 'median over the steps after warm-up' }, 'Step time'),
+        el('span', { class: 'value', id: 'm-time' }, fmtMs(s.step_time_ms)),
+        b && !isBaseline ? delta(s.step_time_ms, b.step_time_ms) : null),
+      el('div', { class: 'metric' }, el('span', { class: 'label' }, 'Gradients'),
+        el('span', { class: 'value', id: 'm-grad' }, gradBadge(s.gradients_match ?? null, s.grad_max_abs_diff))),
+    );
+    let baselineEntry;
+    if (isBaseline) baselineEntry = ['Baseline', 'this run is a baseline (no checkpointing)'];
+    else if (baseline) {
+      const overhead = typeof s.step_time_ms === 'number' && b && b.step_time_ms ? 100 * (s.step_time_ms / b.step_time_ms - 1) : null;
+      baselineEntry = ['Overhead vs baseline', el('span', null,
+        el('strong', { id: 'exp-overhead' }, fmtPct(overhead)), ' step time against ',
+        el('a', { href: `#/experiments/${baseline.id}` }, `#${baseline.id}`), ' (strategy none)')];
+    } else {
+      baselineEntry = ['Overhead vs baseline', el('span', null, 'no succeeded baseline with this spec yet ',
+        el('button', { type: 'button', class: 'secondary small', id: 'exp-run-baseline' }, 'Run the baseline'))];
+    }
+    const grad = s.gradients_match === null || s.gradients_match === undefined
+      ? 'not verified'
+      : `${s.gradients_match ? 'match' : 'differ'}: max |Δgrad| = ${fmtDiff(s.grad_max_abs_diff)}${s.grad_max_abs ? ` (largest gradient ${fmtDiff(s.grad_max_abs)})` : ''}`;
+    kv($('exp-summary'), [
+      ['Activation memory', fmtBytes(s.activation_bytes), bytesDd(s.activation_bytes)],
+      ['Peak allocated', fmtBytes(s.peak_allocated_bytes), bytesDd(s.peak_allocated_bytes)],
+      ['Recomputation peak', fmtBytes(s.recompute_peak_bytes), bytesDd(s.recompute_peak_bytes)],
+      s.reserved_bytes !== undefined && s.reserved_bytes !== null ? ['Reserved (CUDA)', fmtBytes(s.reserved_bytes), bytesDd(s.reserved_bytes)] : null,
+      ['Where the peak is', s.peak_explanation || '—', { id: 'exp-peak' }],
+      ['Step time (median)', stepTimeText(s)],
+      ['Forward / backward / optimizer', `${fmtMs(s.forward_ms)} / ${fmtMs(s.backward_ms)} / ${fmtMs(s.optimizer_ms)}`],
+      baselineEntry,
+      ['Gradient check', s.gradients_match === false && s.grad_worst_param ? `${grad}; worst: ${s.grad_worst_param}` : grad,
+        s.gradients_match === false ? { class: 'bad', id: 'exp-grad' } : { id: 'exp-grad' }],
+      ['Params without grad', fmtInt(s.params_without_grad), s.params_without_grad > 0 ? { class: 'bad' } : null],
+      ['Parameters', fmtInt(s.param_count)],
+      ['Final loss', typeof s.final_loss === 'number' ? s.final_loss.toPrecision(5) : '—'],
+    ]);
+    const runBaseline = $('exp-run-baseline');
+    if (runBaseline) runBaseline.addEventListener('click', () => submitBaseline(exp.spec, runBaseline));
+    renderBreakdown(s);
+  }
+  const warnings = [...new Set([...(exp.warnings || []), ...((s && s.warnings) || [])])];
+  $('exp-warnings').replaceChildren(...warnings.map((w) => el('li', null, w)));
+  $('exp-warnings-box').hidden = warnings.length === 0;
+
+  const errBox = $('exp-error');
+  if (exp.error) {
+    const first = exp.error.split('\n')[0];
+    errBox.replaceChildren(el('strong', null, `${exp.status.replace('_', ' ')}: `), first,
+      exp.error.includes('\n') ? el('details', null, el('summary', null, 'details'), el('pre', null, exp.error)) : null);
+    errBox.hidden = false;
+  } else {
+    errBox.hidden = true;
+  }
+  const parts = [`created ${fmtDate(exp.created_at)}`];
+  if (exp.started_at) parts.push(`started ${fmtAgo(exp.started_at)}`);
+  if (exp.finished_at) {
+    const took = fmtDuration(exp.started_at, exp.finished_at);
+    parts.push(`finished ${fmtDate(exp.finished_at)}${took ? ` (took ${took})` : ''}`);
+  }
+  if (exp.worker_id) parts.push(`worker ${exp.worker_id}`);
+  if (exp.attempt > 1) parts.push(`attempt ${exp.attempt}`);
+  $('exp-timing').textContent = parts.join(' · ');
+}
+
+/** Memory by category at the end of forward and at the peak, as a small table. */
+function renderBreakdown(s) {
+  const fe = s.memory_at_forward_end || {};
+  const pk = s.memory_at_peak || {};
+  if (!Object.keys(pk).length && !Object.keys(fe).length) {
+    $('exp-breakdown').replaceChildren();
+    return;
+  }
+  const rows = CATEGORIES.map(([key, label, color]) => el('tr', null,
+    el('th', { scope: 'row' }, el('span', { class: 'swatch', style: `background:${color}` }), label),
+    el('td', { class: 'num' }, fmtBytes(fe[key])),
+    el('td', { class: 'num' }, fmtBytes(pk[key]))));
+  $('exp-breakdown').replaceChildren(
+    el('h4', null, 'Memory by category'),
+    el('table', { class: 'data compact breakdown' },
+      el('thead', null, el('tr', null, el('th', null, ''), el('th', { class: 'num' }, 'end of forward'), el('th', { class: 'num' }, 'at the peak'))),
+      el('tbody', null, rows)),
+  );
+}
+
+export function renderEnvironment(s) {
+  const env = (s && s.environment) || null;
+  if (!env) return;
+  const labels = {
+    torch_version: 'PyTorch', device: 'Device', device_name: 'Device name', cuda_version: 'CUDA',
+    capability: 'Compute capability', host: 'Host', python: 'Python', cpu_threads: 'CPU threads',
+  };
+  kv($('exp-env'), Object.entries(env).map(([k, v]) => [labels[k] || k,
+    v === null || v === undefined ? '—' : Array.isArray(v) ? v.join('.') : typeof v === 'object' ? JSON.stringify(v) : String(v)]));
+}
+
+export function renderDownloads(exp) {
+  const id = exp.id;
+  const links = [
+    el('a', { href: `/api/experiments/${id}/steps?format=csv`, download: `experiment-${id}-steps.csv`, class: 'button secondary small' }, 'Steps CSV'),
+    el('a', { href: `/api/experiments/${id}/steps`, download: `experiment-${id}-steps.json`, class: 'button secondary small' }, 'Steps JSON'),
+    el('a', { href: `/api/experiments/export?format=json&ids=${id}`, download: `experiment-${id}.json`, class: 'button secondary small' }, 'Experiment JSON'),
+  ];
+  if (exp.has_snapshot) {
+    links.push(el('a', { href: `/api/experiments/${id}/snapshot`, download: `ckptlab-${id}-snapshot.pickle`, class: 'button secondary small', id: 'exp-snapshot', title: 'open at pytorch.org/memory_viz' }, 'Memory snapshot'));
+  }
+  $('exp-downloads').replaceChildren(...links);
+}
+
+async function submitBaseline(spec, button) {
+  button.disabled = true;
+  const body = JSON.parse(JSON.stringify(spec));
+  body.checkpoint = { ...(body.checkpoint || {}), strategy: 'none' };
+  try {
+    const r = await api('/api/experiments', { json: body });
+    if (r.ok && r.body) location.hash = `#/experiments/${r.body.id}`;
+    else button.replaceWith(el('span', { class: 'bad' }, detailText(r.body)));
+  } catch (_) {
+    button.disabled = false;
+  }
+}
+
+// ------------------------------------------------------------------ baseline
+
+function sameExceptCheckpoint(a, b) {
+  const strip = (s) => {
+    const c = JSON.parse(JSON.stringify(s));
+    for (const k of ['checkpoint', 'timeout_s', 'memory_snapshot', 'verify_gradients']) delete c[k];
+    return JSON.stringify(c, Object.keys(flatKeys(c)).sort());
+  };
+  return strip(a) === strip(b);
+}
+
+function flatKeys(obj, out = {}) {
+  for (const [k, v] of Object.entries(obj)) {
+    out[k] = true;
+    if (v && typeof v === 'object' && !Array.isArray(v)) flatKeys(v, out);
+  }
+  return out;
+}
+
+/** The succeeded `none` run to compare with: the sweep's, else the newest with the same spec. */
+export async function findBaseline(exp) {
+  if ((exp.spec.checkpoint || {}).strategy === 'none') return null;
+  try {
+    if (exp.sweep_id) {
+      const r = await api(`/api/sweeps/${exp.sweep_id}/results`);
+      const row = r.ok && r.body ? r.body.data.find((d) => d.experiment_id === exp.id) : null;
+      if (row && row.baseline_id) {
+        const b = await api(`/api/experiments/${row.baseline_id}`);
+        if (b.ok && b.body && b.body.status === STATUS.SUCCEEDED) return b.body;
+      }
+    }
+    const q = new URLSearchParams({ strategy: 'none', status: STATUS.SUCCEEDED, model_kind: exp.spec.model.kind, limit: '500' });
+    const r = await api(`/api/experiments?${q}`);
+    if (!r.ok || !r.body) return null;
+    return r.body.data.find((d) => d.id !== exp.id && sameExceptCheckpoint(d.spec, exp.spec)) || null;
+  } catch (_) {
+    return null;
+  }
+}
