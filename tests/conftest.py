@@ -12,7 +12,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
-from ckptlab.db.engine import make_engine, make_sessionmaker, migrate
+from ckptlab.db.database import make_engine, make_sessionmaker, migrate
 from ckptlab.settings import Settings
 from tests.postgres import PostgresCluster, find_pg_bin
 from tests.support import stop_process
@@ -123,7 +123,7 @@ def worker_process(database_url: str, data_dir: Path) -> Iterator[subprocess.Pop
     """A real ``ckptlab worker`` process on the fresh database, stopped with SIGTERM."""
     env = {**os.environ, "CKPTLAB_DATABASE_URL": database_url, "CKPTLAB_POLL_INTERVAL_S": "0.1"}
     log = open(data_dir / "worker.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "ckptlab", "worker"], env=env, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen([sys.executable, "-m", "cli", "worker"], env=env, stdout=log, stderr=subprocess.STDOUT)
     yield proc
     stop_process(proc)
     log.close()

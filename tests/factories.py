@@ -12,6 +12,8 @@ TINY: dict[str, Any] = {
     "batch_size": 16,
     "steps": 3,
     "warmup_steps": 1,
+    "timed_steps": 0,  # timings from the memory steps: tests count steps; timing tests set it
+    "memory_early_stop": False,  # every memory step runs: tests count steps; memory-pass tests set it
     "checkpoint": {"strategy": "none", "segments": 1, "use_reentrant": False, "preserve_rng_state": True},
     "amp": "off",
     "optimizer": "adam",
@@ -50,3 +52,42 @@ def step_record(step: int, loss: float = 1.0) -> dict[str, Any]:
         "peak_allocated_bytes": 200,
         "loss": loss,
     }
+
+
+def sweep_row(
+    experiment_id: int,
+    *,
+    segments: int | None = None,
+    peak: float = 1_000_000,
+    activations: float = 100_000,
+    step_ms: float = 10.0,
+    jitter: float = 0.05,
+    baseline_id: int = 1,
+    **fields: Any,
+):
+    """A :class:`backend.services.sweeps.SweepRow` of a sequential run with ``segments`` (a
+    ``none`` baseline when None): 20 timed steps around ``step_ms`` (seeded ±``jitter``)."""
+    import random
+
+    from backend.services.sweeps import SweepRow
+
+    rng = random.Random(experiment_id)
+    baseline = segments is None
+    row = SweepRow(
+        experiment_id=experiment_id,
+        status=fields.pop("status", "succeeded"),
+        role="baseline" if baseline else "run",
+        values={"checkpoint.segments": segments},
+        group={},
+        baseline_id=baseline_id,
+        metrics={"peak_allocated_bytes": peak, "activation_bytes": activations, "step_time_ms": step_ms},
+        gradients_match=fields.pop("gradients_match", None if baseline else True),
+        error=None,
+        label="base" if baseline else f"segments={segments}",
+        strategy="none" if baseline else "sequential",
+        simplicity=(0, 0) if baseline else (1, segments),
+        step_times_ms=[step_ms * (1 + rng.uniform(-jitter, jitter)) for _ in range(20)],
+    )
+    for key, value in fields.items():
+        setattr(row, key, value)
+    return row

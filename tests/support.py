@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 import subprocess
+import sys
+import textwrap
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 
 def wait_for(predicate, timeout: float = 60.0, interval: float = 0.1):
@@ -24,3 +30,39 @@ def stop_process(proc: subprocess.Popen, timeout: float = 30.0) -> None:
         proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
+
+
+def install_model_plugin(directory: Path, monkeypatch, *, name: str, module: str, source: str) -> str:
+    """Install a distribution in ``directory`` (put on ``sys.path`` by ``monkeypatch``) whose
+    ``ckptlab.models`` entry point ``name`` is ``module:factory`` with ``source`` as the
+    module; returns ``name``. Pop ``module`` from ``sys.modules`` when done."""
+    (directory / f"{module}.py").write_text(textwrap.dedent(source))
+    dist = directory / f"{module}-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {module.replace('_', '-')}\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text(f"[ckptlab.models]\n{name} = {module}:factory\n")
+    monkeypatch.syspath_prepend(str(directory))
+    sys.modules.pop(module, None)
+    return name
+
+
+@contextmanager
+def in_process_worker(settings, **run_kw) -> Iterator[tuple[threading.Event, threading.Event]]:
+    """``worker.service.run_worker`` on ``settings`` in a thread, on the CPU, polling every
+    50 ms; yields its (stop, kill) events, and at the end sets both and joins it (60 s).
+
+    ``run_kw`` go to ``run_worker`` (``cpu_slots``, ``max_experiments``, ``exit_when_idle`` ...).
+    """
+    from worker.service import run_worker  # the worker's imports only where a worker runs
+
+    stop, kill = threading.Event(), threading.Event()
+    kwargs = dict(database_url=settings.database_url, settings=settings, poll_interval_s=0.05, devices=["cpu"])
+    thread = threading.Thread(target=run_worker, kwargs={**kwargs, **run_kw, "stop_event": stop, "kill_event": kill})
+    thread.start()
+    try:
+        yield stop, kill
+    finally:
+        stop.set()
+        kill.set()
+        thread.join(60)
+    assert not thread.is_alive()

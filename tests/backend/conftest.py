@@ -100,20 +100,35 @@ def _free_port() -> int:
 
 
 @pytest.fixture
-def live_server(settings: Settings) -> Iterator[str]:
-    """The API served by uvicorn on 127.0.0.1 in a thread (real sockets, so streams arrive
-    as they are sent); yields the base URL."""
+def live_server_factory(settings: Settings) -> Iterator[Callable[..., str]]:
+    """``live_server_factory(**overrides)``: the API with ``overrides`` applied to its
+    settings, served by uvicorn on 127.0.0.1 in a thread (real sockets, so streams arrive as
+    they are sent); returns the base URL. Every server stops at the end of the test."""
     from backend.app import create_app
 
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("uvicorn did not start")
-        time.sleep(0.02)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(10)
+    servers: list[tuple[uvicorn.Server, threading.Thread]] = []
+
+    def start(**overrides: Any) -> str:
+        port = _free_port()
+        app = create_app(Settings(**{**settings.model_dump(), **overrides}))
+        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        servers.append((server, thread))
+        deadline = time.monotonic() + 20
+        while not server.started:
+            if time.monotonic() > deadline or not thread.is_alive():
+                raise RuntimeError("uvicorn did not start")
+            time.sleep(0.02)
+        return f"http://127.0.0.1:{port}"
+
+    yield start
+    for server, thread in servers:
+        server.should_exit = True
+        thread.join(10)
+
+
+@pytest.fixture
+def live_server(live_server_factory: Callable[..., str]) -> str:
+    """The API with the test's settings, served by uvicorn (see :func:`live_server_factory`)."""
+    return live_server_factory()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from backend.services.charts import pareto_frontier
-from ckptlab.db import store
+from ckptlab.db import queue
 from tests.factories import spec_dict
 
 
@@ -17,9 +17,9 @@ def test_pareto_frontier():
 
 
 def _finish(session, exp_id, summary, status="succeeded"):
-    exp = store.claim_next(session, worker_id="test:1")
+    exp = queue.claim_next(session, worker_id="test:1")
     assert exp.id == exp_id
-    store.finish_experiment(session, experiment_id=exp_id, status=status, summary=summary)
+    queue.finish_experiment(session, experiment_id=exp_id, status=status, summary=summary)
 
 
 @pytest.fixture

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from fastapi.testclient import TestClient
 
-from ckptlab.db import store
-from ckptlab.db.engine import make_engine, make_sessionmaker
+from ckptlab.db import queue, store
+from ckptlab.db.database import make_engine, make_sessionmaker
 from ckptlab.settings import Settings
 from tests.backend.conftest import parse_sse, step_record
 from tests.factories import make_spec, spec_dict
@@ -27,7 +27,7 @@ def test_queries_series_and_streams_on_both_databases(any_database_url, data_dir
             step_record(s, step_ms=50.0 if s == 777 else 3.0, loss=None if s % 2 else 0.5) for s in range(1, 3001)
         ]
         store.add_steps(session, experiment_id=run.id, attempt=1, records=records)
-        store.finish_experiment(session, experiment_id=run.id, status="succeeded", summary={"activation_bytes": 5})
+        queue.finish_experiment(session, experiment_id=run.id, status="succeeded", summary={"activation_bytes": 5})
 
         started = client.get("/api/experiments", params={"sort": "started_at"}).json()["data"]
         assert [e["id"] for e in started] == [run.id, queued]  # nulls last

@@ -219,3 +219,20 @@ def test_security_settings_from_the_environment(monkeypatch):
     monkeypatch.delenv("CKPTLAB_API_TOKEN")
     monkeypatch.delenv("CKPTLAB_HOST", raising=False)
     assert Settings().cors_origins == [] and Settings().api_token is None and Settings().host == "127.0.0.1"
+
+
+@pytest.mark.parametrize(
+    ("path", "allow"),
+    [("/api/experiments", "GET, POST"), ("/api/sweeps", "GET, POST"), ("/api/experiments/1", "GET")],
+)
+def test_a_method_a_path_lacks_gets_405_with_every_method_it_has(client, path, allow):
+    for method in ("OPTIONS", "PUT", "DELETE"):
+        r = client.request(method, path)
+        assert r.status_code == 405 and r.headers["allow"] == allow
+
+
+def test_booleans_of_the_spec_are_strict(client):
+    for field in ("memory_snapshot", "verify_gradients"):
+        r = client.post("/api/experiments", json={**spec_dict(), field: 0})
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", field]
+    assert client.get("/api/experiments").json()["count"] == 0

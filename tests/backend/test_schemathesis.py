@@ -1,7 +1,15 @@
 """Property-based API test (schemathesis 4): generated requests for every operation of the
-OpenAPI schema, valid and invalid, never get a server error or a response that breaks the
-schema (status code, content type, body). The live streams are left out: a stream of a
-running experiment never ends on its own (tests/backend/test_stream.py covers them)."""
+OpenAPI schema, valid and invalid, under every check schemathesis has (server errors,
+status codes, content types, response schemas, headers, Allow on 405, negative data
+rejected, ...). Stateful sequences are not run here: schemathesis's state machine draws
+from the API's changing state, which hypothesis reports as inconsistent data generation
+(FlakyStrategyDefinition) on replay. The live streams are left out: a stream of a
+running experiment never ends on its own (tests/backend/test_stream.py covers them).
+
+One check is excluded: ``positive_data_acceptance``. The API has cross-field rules that
+JSON Schema cannot state (``checkpoint.segments`` at most ``model.depth``, ``warmup_steps``
+below ``steps``, a sweep axis must name a spec field and leave a valid combination), so
+schema-valid bodies may rightly get a 422 that names the field."""
 
 from __future__ import annotations
 
@@ -14,18 +22,13 @@ from pathlib import Path
 import schemathesis
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, settings
-from schemathesis.checks import not_a_server_error
-from schemathesis.specs.openapi.checks import (
-    content_type_conformance,
-    response_schema_conformance,
-    status_code_conformance,
-)
+from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from backend.app import create_app
 from ckptlab.settings import Settings
 from tests.factories import spec_dict
 
-CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
+EXCLUDED = [positive_data_acceptance]
 
 
 def _app():
@@ -50,4 +53,4 @@ schema = schemathesis.openapi.from_asgi("/openapi.json", _app()).exclude(path_re
     derandomize=True,
 )
 def test_api_never_errors_and_keeps_to_its_schema(case):
-    case.call_and_validate(checks=CHECKS)
+    case.call_and_validate(excluded_checks=EXCLUDED)

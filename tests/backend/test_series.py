@@ -8,9 +8,9 @@ import math
 import numpy as np
 import pytest
 
-from ckptlab.db import store
-from ckptlab.db.queries import SeriesCache, downsample_indices, warm_running_series
-from tests.backend.conftest import running_experiment, step_record
+from backend.services.series import SeriesCache, downsample_indices, warm_running_series
+from ckptlab.db import queue, store
+from tests.backend.conftest import add_steps, running_experiment, step_record
 
 N = 20_000
 SPIKES = (1234, 7777, 15000)
@@ -71,8 +71,8 @@ def test_series_sees_steps_added_after_it_was_cached(client, db_session):
 def test_series_is_of_the_current_attempt(client, db_session):
     exp = running_experiment(db_session)
     store.add_steps(db_session, experiment_id=exp.id, attempt=1, records=[step_record(s) for s in range(1, 11)])
-    store.requeue_experiment(db_session, experiment_id=exp.id, attempt=1)
-    again = store.claim_next(db_session, worker_id="test:2")
+    queue.requeue_experiment(db_session, experiment_id=exp.id, attempt=1)
+    again = queue.claim_next(db_session, worker_id="test:2")
     assert again.attempt == 2
     store.add_steps(db_session, experiment_id=exp.id, attempt=2, records=[step_record(s) for s in range(1, 4)])
     body = client.get(f"/api/experiments/{exp.id}/series").json()
@@ -84,7 +84,7 @@ def test_series_is_of_the_current_attempt(client, db_session):
     [
         ("metric=params", ["query", "metric"]),
         ("max_points=3", ["query", "max_points"]),
-        ("max_points=1000000", ["query", "max_points"]),
+        ("max_points=1000001", ["query", "max_points"]),  # over the schema's maximum
         ("max_points=abc", ["query", "max_points"]),
     ],
 )
@@ -93,6 +93,13 @@ def test_series_rejects_bad_queries(client, db_session, query, loc):
     r = client.get(f"/api/experiments/{exp.id}/series?{query}")
     assert r.status_code == 422 and r.json()["detail"][0]["loc"] == loc
     assert client.get("/api/experiments/12345/series").status_code == 404
+
+
+def test_max_points_over_the_servers_cap_is_capped_not_refused(make_client, db_session):
+    exp = running_experiment(db_session)
+    add_steps(db_session, exp, range(1, 101))
+    body = make_client(series_max_points=20).get(f"/api/experiments/{exp.id}/series?max_points=50000").json()
+    assert body["total"] == 100 and len(body["x"]) <= 20
 
 
 def test_downsample_indices_unit():
@@ -111,7 +118,7 @@ def test_running_experiments_are_kept_warm(db_session):
     live = running_experiment(db_session)
     store.add_steps(db_session, experiment_id=live.id, attempt=1, records=[step_record(s) for s in range(1, 51)])
     done = running_experiment(db_session)
-    store.finish_experiment(db_session, experiment_id=done.id, status="succeeded", summary={})
+    queue.finish_experiment(db_session, experiment_id=done.id, status="succeeded", summary={})
     cache = SeriesCache()
     assert warm_running_series(db_session, cache, metrics=("step_ms", "loss")) == 1
     assert set(cache._entries) == {(live.id, 1, "step_ms"), (live.id, 1, "loss")}

@@ -10,14 +10,14 @@ import time
 import httpx
 import pytest
 
-from ckptlab.db import store
+from ckptlab.db import queue
 from tests.backend.conftest import add_steps, parse_sse, running_experiment
 
 
 def finished_experiment(session, n_steps: int = 5):
     exp = running_experiment(session)
     add_steps(session, exp, range(1, n_steps + 1))
-    store.finish_experiment(session, experiment_id=exp.id, status="succeeded", summary={"activation_bytes": 1})
+    queue.finish_experiment(session, experiment_id=exp.id, status="succeeded", summary={"activation_bytes": 1})
     return exp
 
 
@@ -74,9 +74,9 @@ def test_sweep_stream_reports_each_experiment_and_progress(client, db_session):
     ids = [e["id"] for e in sweep["experiments"]]
     assert len(ids) == 3  # one baseline, two runs
     for _ in ids:  # run each "by hand": claim, one step, finish
-        exp = store.claim_next(db_session, worker_id="test:1")
+        exp = queue.claim_next(db_session, worker_id="test:1")
         add_steps(db_session, exp, [1])
-        store.finish_experiment(db_session, experiment_id=exp.id, status="succeeded", summary={})
+        queue.finish_experiment(db_session, experiment_id=exp.id, status="succeeded", summary={})
     events = parse_sse(client.get(f"/api/sweeps/{sweep['id']}/events").text)
     steps = [e for e in events if e.event == "step"]
     assert sorted(e.data["experiment_id"] for e in steps) == sorted(ids)
@@ -117,7 +117,7 @@ def test_live_steps_reach_the_client_within_a_second(live_server, db_session):
         add_steps(db_session, exp, [step])
         committed[step] = time.monotonic()
         time.sleep(0.05)
-    store.finish_experiment(db_session, experiment_id=exp.id, status="succeeded", summary={})
+    queue.finish_experiment(db_session, experiment_id=exp.id, status="succeeded", summary={})
     assert ended.wait(10), "no end event after the experiment finished"
     reader.join(5)
     assert sorted(received) == list(range(1, 21))
@@ -135,7 +135,7 @@ def test_stream_ids_out_of_range_are_rejected(client, path):
 def test_non_finite_step_values_are_sent_as_null(client, db_session):
     exp = running_experiment(db_session)
     add_steps(db_session, exp, [1], forward_ms=float("inf"))
-    store.finish_experiment(db_session, experiment_id=exp.id, status="succeeded", summary={})
+    queue.finish_experiment(db_session, experiment_id=exp.id, status="succeeded", summary={})
     step = parse_sse(client.get(f"/api/experiments/{exp.id}/events").text)[0]
     assert step.event == "step" and step.data["forward_ms"] is None and step.data["backward_ms"] == 2.0
 
@@ -145,3 +145,25 @@ def test_a_long_backlog_is_sent_in_order_before_the_final_status(client, db_sess
     events = parse_sse(client.get(f"/api/experiments/{exp.id}/events").text)
     assert [e.data["step"] for e in events if e.event == "step"] == list(range(1, 2501))
     assert [e.event for e in events[-2:]] == ["status", "end"]
+
+
+def test_steps_of_several_attempts_are_read_in_one_statement(db_session):
+    """One statement, one snapshot: with a statement per experiment, a step committed in
+    between could get an id below the cursor and be skipped by the stream for good."""
+    from sqlalchemy import event
+
+    from backend.services.queries import steps_after
+
+    a, b = running_experiment(db_session), running_experiment(db_session)
+    add_steps(db_session, a, range(1, 4))
+    add_steps(db_session, b, range(1, 3))
+    statements: list[str] = []
+    engine = db_session.get_bind()
+    listen = lambda *args: statements.append(args[2])  # noqa: E731 - (conn, cursor, statement, ...)
+    event.listen(engine, "before_cursor_execute", listen)
+    try:
+        rows = steps_after(db_session, attempts=[(a.id, 1), (b.id, 1)], after_id=0)
+    finally:
+        event.remove(engine, "before_cursor_execute", listen)
+    assert len(statements) == 1
+    assert [r.id for r in rows] == sorted(r.id for r in rows) and len(rows) == 5

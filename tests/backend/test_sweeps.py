@@ -10,8 +10,8 @@ import itertools
 
 import pytest
 
-from ckptlab.db import store
-from ckptlab.db.sweeps import SweepError, plan_sweep, unknown_axis_error
+from ckptlab.db import queue
+from ckptlab.sweeps import SweepError, plan_sweep, unknown_axis_error
 from tests.factories import spec_dict
 from tests.support import wait_for
 
@@ -134,6 +134,34 @@ def test_bad_sweeps_get_422_naming_the_axis_and_store_nothing(client, axes, loc)
     assert client.get("/api/experiments").json()["count"] == 0
 
 
+def test_a_dry_run_returns_the_plan_and_stores_nothing(client):
+    body = sweep_body(**{"checkpoint.segments": [1, 2, 16], "amp": ["off", "bf16"]})
+    r = client.post("/api/sweeps?dry_run=true", json=body)
+    assert r.status_code == 200, r.text
+    plan = r.json()
+    assert (plan["combinations"], plan["baselines"]) == (6, 2)
+    # segments=16 is over depth 8: invalid, not queued; the dry run counts what creation queues
+    assert {i["values"]["checkpoint.segments"] for i in plan["invalid"]} == {16}
+    assert plan["total"] == len(plan["runs"]) == 6
+    assert [r["baseline"] for r in plan["runs"]].count(True) == 2
+    assert all(r["spec"]["checkpoint"]["strategy"] in ("none", "sequential") for r in plan["runs"])
+    assert client.get("/api/sweeps").json()["count"] == 0
+    assert client.get("/api/experiments").json()["count"] == 0
+    created = client.post("/api/sweeps", json=body).json()
+    assert created["progress"]["total"] == plan["total"]
+
+
+def test_a_dry_run_counts_a_run_equal_to_its_baseline_once(client):
+    body = sweep_body(**{"checkpoint.strategy": ["none", "sequential"]})
+    plan = client.post("/api/sweeps?dry_run=true", json=body).json()
+    assert (plan["total"], plan["duplicates"]) == (2, 1)
+
+
+def test_a_dry_run_of_a_bad_sweep_is_the_same_422(client):
+    r = client.post("/api/sweeps?dry_run=true", json=sweep_body(**{"checkpoint.segmnts": [1]}))
+    assert r.status_code == 422 and ["body", "axes", "checkpoint.segmnts"] in [e["loc"] for e in r.json()["detail"]]
+
+
 def test_sweep_size_limit_comes_from_settings(make_client):
     c = make_client(max_sweep_size=5)
     r = c.post("/api/sweeps", json=sweep_body(**{"checkpoint.segments": [1, 2, 4], "amp": ["off", "bf16"]}))
@@ -151,7 +179,7 @@ def test_unknown_fields_in_a_sweep_are_rejected(client):
 
 def test_cancel_a_sweep(client, db_session):
     sweep = client.post("/api/sweeps", json=sweep_body(**{"checkpoint.segments": [2, 4]})).json()
-    store.claim_next(db_session, worker_id="test:1")  # the baseline is running
+    queue.claim_next(db_session, worker_id="test:1")  # the baseline is running
     r = client.post(f"/api/sweeps/{sweep['id']}/cancel")
     assert r.status_code == 200
     body = r.json()
@@ -246,6 +274,14 @@ def test_worker_runs_a_2x2x2_sweep_and_its_charts_hold_the_expected_traces(clien
     row = next(r for r in results["data"] if r["values"] == {"checkpoint.segments": 4, **_rng_amp(True, "off")})
     assert row["baseline_id"] == base["off"]["id"]
     assert row["metrics"]["activation_saving_pct"] > 0
+    assert "95% CI" in row["overhead_text"] and row["overhead"]["low_pct"] <= row["overhead"]["high_pct"]
+    rec = client.get(f"/api/sweeps/{sid}/recommendation").json()
+    assert rec["reason"] and set(rec["considered"]) <= {e["id"] for e in exps}
+    if rec["experiment_id"] is not None:
+        chosen = next(r for r in results["data"] if r["experiment_id"] == rec["experiment_id"])
+        assert chosen["status"] == "succeeded" and chosen["gradients_match"] is not False
+    fits = client.get(f"/api/sweeps/{sid}/recommendation", params={"budget_bytes": 2**40}).json()
+    assert fits["experiment_id"] in {base["off"]["id"], base["bf16"]["id"]}  # the baseline fits 1 TiB
     csv_rows = list(csv.DictReader(io.StringIO(client.get(f"/api/sweeps/{sid}/results?format=csv").text)))
     assert len(csv_rows) == 10 and {"checkpoint.segments", "amp", "overhead_pct"} <= set(csv_rows[0])
 

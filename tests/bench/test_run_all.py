@@ -20,7 +20,7 @@ def test_quick_benchmarks_print_one_table():
     table = [line for line in result.stdout.splitlines() if line.startswith("| ")]
     names = " ".join(table)
     for row in (
-        "instrumentation overhead",
+        "timing-pass overhead",
         "claim -> first step",
         "rows/s written, SQLite",
         "rows/s written, PostgreSQL",

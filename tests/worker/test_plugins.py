@@ -1,11 +1,11 @@
 """Users' own models through the ``ckptlab.models`` entry-point group."""
 
 import sys
-import textwrap
 
 import pytest
 
 from tests.factories import make_spec
+from tests.support import install_model_plugin
 from worker.engine import run_experiment
 from worker.errors import RunError
 
@@ -42,13 +42,7 @@ def factory(depth=3, hidden=16):
 @pytest.fixture
 def installed_plugin(tmp_path, monkeypatch):
     """A distribution on sys.path whose entry point registers ``tiny_plugin``."""
-    (tmp_path / "ckptlab_tiny_plugin.py").write_text(textwrap.dedent(PLUGIN))
-    dist = tmp_path / "ckptlab_tiny_plugin-1.0.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: ckptlab-tiny-plugin\nVersion: 1.0\n")
-    (dist / "entry_points.txt").write_text("[ckptlab.models]\ntiny_plugin = ckptlab_tiny_plugin:factory\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    yield "tiny_plugin"
+    yield install_model_plugin(tmp_path, monkeypatch, name="tiny_plugin", module="ckptlab_tiny_plugin", source=PLUGIN)
     sys.modules.pop("ckptlab_tiny_plugin", None)
 
 

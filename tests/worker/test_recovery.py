@@ -24,11 +24,13 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 from sqlalchemy.exc import OperationalError
 
-from ckptlab.db import store
-from ckptlab.db.engine import make_engine, make_sessionmaker
-from ckptlab.db.models import FINISHED_STATUSES, Experiment, Step, Worker
+from ckptlab.db import queue, store
+from ckptlab.db.database import make_engine, make_sessionmaker
+from ckptlab.db.models import Experiment, Step, Worker
+from ckptlab.domain import FINISHED_STATUSES
 from ckptlab.settings import Settings
 from tests.factories import make_spec, spec_dict
+from tests.support import in_process_worker as worker_thread
 from tests.support import wait_for
 from worker.service import run_worker
 
@@ -87,7 +89,7 @@ def spawn_worker(any_database_url, data_dir) -> Iterator:
         log = open(data_dir / f"worker-{name}.log", "wb")
         logs.append(log)
         proc = subprocess.Popen(
-            [sys.executable, "-m", "ckptlab", "worker", "--cpu-slots", "1"],
+            [sys.executable, "-m", "cli", "worker", "--cpu-slots", "1"],
             env=full_env,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -119,30 +121,10 @@ def _gone(p: psutil.Process) -> bool:
 def in_process_worker(
     url: str, data_dir: Path, cpu_slots: int = 1, **settings_kw
 ) -> Iterator[tuple[threading.Event, threading.Event]]:
-    """``run_worker`` in a thread; yields its (stop, kill) events and stops it at the end."""
+    """A worker thread with this module's short lease; yields its (stop, kill) events."""
     settings = Settings(database_url=url, data_dir=data_dir, lease_s=LEASE_S, **settings_kw)
-    stop, kill = threading.Event(), threading.Event()
-    thread = threading.Thread(
-        target=run_worker,
-        kwargs=dict(
-            database_url=url,
-            stop_event=stop,
-            kill_event=kill,
-            poll_interval_s=0.05,
-            settings=settings,
-            worker_id=f"in-process-{threading.get_ident()}",
-            devices=["cpu"],
-            cpu_slots=cpu_slots,
-        ),
-    )
-    thread.start()
-    try:
-        yield stop, kill
-    finally:
-        stop.set()
-        kill.set()
-        thread.join(60)
-    assert not thread.is_alive()
+    with worker_thread(settings, worker_id=f"in-process-{threading.get_ident()}", cpu_slots=cpu_slots) as events:
+        yield events
 
 
 @pytest.mark.slow
@@ -305,7 +287,7 @@ def test_cpu_slots_run_experiments_side_by_side_each_in_its_own_child(db, any_da
         assert [r.status for r in rows] == ["running", "running"]  # both at once
         for i in ids:
             with db() as s:
-                store.request_cancel(s, experiment_id=i)
+                queue.request_cancel(s, experiment_id=i)
         for i in ids:
             wait_for(_status_is(db, i, "cancelled"), timeout=10, interval=0.05)
 
@@ -320,7 +302,7 @@ def test_a_worker_cut_off_from_the_database_stops_its_run_and_it_is_requeued(
         def cut_off(*_args, **_kwargs):
             raise OperationalError("UPDATE workers", {}, Exception("server closed the connection unexpectedly"))
 
-        monkeypatch.setattr("worker.service.heartbeat_worker", cut_off)  # its heartbeats fail from now on
+        monkeypatch.setattr("ckptlab.db.queue.heartbeat_worker", cut_off)  # its heartbeats fail from now on
         # After a lease without a heartbeat the run is requeued (by the reaper) and the worker
         # kills its own copy: it noticed its lease ran out, or that the run was taken away.
         row = wait_for(_status_is(db, exp_id, "queued"), timeout=15, interval=0.05)
@@ -333,8 +315,8 @@ def test_backend_reaper_requeues_experiments_of_a_silent_worker(db, any_database
 
     with db() as s:
         exp = store.create_experiment(s, spec=make_spec())
-        store.register_worker(s, worker_id="vanished", host="h", pid=1, devices=["cpu"])
-        store.claim_next(s, worker_id="vanished")
+        queue.register_worker(s, worker_id="vanished", host="h", pid=1, devices=["cpu"])
+        queue.claim_next(s, worker_id="vanished")
     settings = Settings(database_url=any_database_url, data_dir=data_dir, lease_s=0.3)
     with TestClient(create_app(settings)):
         row = wait_for(_status_is(db, exp.id, "queued"), timeout=10, interval=0.05)

@@ -30,7 +30,7 @@ def test_worker_runs_queued_experiments_and_survives_a_failure(database_url, db_
 def test_crashed_child_marks_experiment_failed(database_url, db_session, monkeypatch):
     exp = create_experiment(db_session, spec=make_spec())
     # A child that dies without recording anything, like a segfault or the OOM killer.
-    monkeypatch.setattr("worker.service._child_main", _die)
+    monkeypatch.setattr("worker.child.child_main", _die)
     run_worker(database_url=database_url, exit_when_idle=True)
     db_session.expire_all()
     row = get_experiment(db_session, experiment_id=exp.id)
@@ -45,7 +45,7 @@ def _die(*_args):
 
 
 def test_slots_one_per_device_and_cpu_slots_for_cpu():
-    from worker.service import slot_devices
+    from worker.devices import slot_devices
 
     assert slot_devices(["cuda:0", "cuda:1"]) == ["cuda:0", "cuda:1"]
     assert slot_devices(["cpu"], cpu_slots=3) == ["cpu", "cpu", "cpu"]
@@ -58,7 +58,7 @@ def test_slots_one_per_device_and_cpu_slots_for_cpu():
 
 
 def test_default_devices_follow_cuda_visible_devices(monkeypatch):
-    from worker.service import detect_devices
+    from worker.devices import detect_devices
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     assert detect_devices() == ["cuda:0", "cuda:1"]
@@ -78,6 +78,60 @@ def test_default_devices_follow_cuda_visible_devices(monkeypatch):
     ],
 )
 def test_the_engine_gets_the_slot_device_where_the_spec_allows(spec_device, slot, expected):
-    from worker.service import engine_device
+    from worker.devices import engine_device
 
     assert engine_device(spec_device, slot) == expected
+
+
+def test_a_side_task_that_dies_stops_the_worker_with_a_logged_reason(database_url, monkeypatch, caplog):
+    import logging
+    import threading
+
+    def broken(*_args, **_kwargs):
+        raise TypeError("reap_lost() got an unexpected keyword argument")  # a bug, not a lock
+
+    monkeypatch.setattr("ckptlab.db.reaper.reap_once", broken)
+    ran: list[int] = []
+    with caplog.at_level(logging.ERROR):
+        t = threading.Thread(target=lambda: ran.append(run_worker(database_url=database_url, devices=["cpu"])))
+        t.start()
+        t.join(30)
+    assert not t.is_alive(), "the worker kept running without its reaper"
+    assert ran == [0]
+    assert "side task reaper died (TypeError" in caplog.text and "stopping worker" in caplog.text
+
+
+def _threads_reported(database_url, db_session, n, **worker_kw):
+    """Run ``n`` tiny experiments through ``run_worker`` on cpu; each summary's
+    ``environment.cpu_threads``."""
+    ids = [create_experiment(db_session, spec=make_spec(seed=i)).id for i in range(n)]
+    assert run_worker(database_url=database_url, exit_when_idle=True, devices=["cpu"], **worker_kw) == n
+    db_session.expire_all()
+    rows = [get_experiment(db_session, experiment_id=i) for i in ids]
+    assert [r.status for r in rows] == ["succeeded"] * n
+    return [r.summary["environment"]["cpu_threads"] for r in rows]
+
+
+def test_cpu_slots_split_the_cores_between_their_children(database_url, db_session):
+    import os
+
+    threads = _threads_reported(database_url, db_session, 3, cpu_slots=2)
+    assert threads == [max(1, (os.cpu_count() or 1) // 2)] * 3
+
+
+def test_threads_per_slot_follow_the_option_then_the_setting(database_url, db_session, data_dir):
+    from ckptlab.settings import Settings
+
+    settings = Settings(database_url=database_url, data_dir=data_dir, worker_cpu_threads=3)
+    assert _threads_reported(database_url, db_session, 1, cpu_slots=1, settings=settings) == [3]
+    assert _threads_reported(database_url, db_session, 1, cpu_slots=1, cpu_threads=1, settings=settings) == [1]
+
+
+def test_default_cpu_slots_are_one_per_four_cores(monkeypatch):
+    from worker.devices import cpu_threads_per_slot, default_cpu_slots
+
+    for cores, slots in [(1, 1), (2, 1), (4, 1), (8, 2), (16, 4), (None, 1)]:
+        monkeypatch.setattr("os.cpu_count", lambda cores=cores: cores)
+        assert default_cpu_slots() == slots
+    monkeypatch.setattr("os.cpu_count", lambda: 16)
+    assert [cpu_threads_per_slot(n) for n in (1, 2, 4, 32)] == [16, 8, 4, 1]

@@ -13,12 +13,12 @@ from alembic.migration import MigrationContext
 from sqlalchemy import update
 from sqlalchemy.exc import OperationalError
 
-from ckptlab.db import store
-from ckptlab.db.engine import make_engine, make_sessionmaker
+from ckptlab.db import queue, store
+from ckptlab.db.database import make_engine, make_sessionmaker
 from ckptlab.db.models import Base, Experiment, Sweep, Worker, utcnow
-from ckptlab.db.writer import StepWriter
 from tests.factories import make_spec, step_record
 from tests.support import wait_for
+from worker.writer import StepWriter
 
 
 def _age(session, *, experiment_id=None, worker_id=None, seconds):
@@ -33,8 +33,8 @@ def _age(session, *, experiment_id=None, worker_id=None, seconds):
 
 def _claimed(session, worker_id="w1", **spec):
     exp = store.create_experiment(session, spec=make_spec(**spec))
-    store.register_worker(session, worker_id=worker_id, host="h", pid=1, devices=["cpu"])
-    claimed = store.claim_next(session, worker_id=worker_id)
+    queue.register_worker(session, worker_id=worker_id, host="h", pid=1, devices=["cpu"])
+    claimed = queue.claim_next(session, worker_id=worker_id)
     assert claimed.id == exp.id
     return claimed
 
@@ -56,7 +56,7 @@ def test_concurrent_claims_never_share_an_experiment(any_database_url):
 
     def claimer(wid):
         with Session() as s:
-            while (exp := store.claim_next(s, worker_id=wid)) is not None:
+            while (exp := queue.claim_next(s, worker_id=wid)) is not None:
                 with lock:
                     claimed.append(exp.id)
 
@@ -74,23 +74,23 @@ def test_reaper_requeues_only_experiments_of_silent_workers(any_session):
     lost = _claimed(s, "silent")
     alive = _claimed(s, "alive")
     stopped = _claimed(s, "stopped")
-    store.stop_worker(s, worker_id="stopped")
+    queue.stop_worker(s, worker_id="stopped")
     fresh = _claimed(s, "silent-but-just-claimed")
     for exp in (lost, alive, stopped):
         _age(s, experiment_id=exp.id, seconds=60)
     _age(s, worker_id="silent", seconds=60)
     _age(s, worker_id="silent-but-just-claimed", seconds=60)
 
-    assert store.reap_lost(s, lease_s=30, max_attempts=3) == 2
+    assert queue.reap_lost(s, lease_s=30, max_attempts=3) == 2
     s.expire_all()
     rows = {e.id: s.get(Experiment, e.id) for e in (lost, alive, stopped, fresh)}
     assert (rows[lost.id].status, rows[lost.id].attempt, rows[lost.id].worker_id) == ("queued", 1, None)
     assert rows[stopped.id].status == "queued"
     assert rows[alive.id].status == "running"  # its worker heartbeats
     assert rows[fresh.id].status == "running"  # claimed less than a lease ago
-    assert store.reap_lost(s, lease_s=30, max_attempts=3) == 0
+    assert queue.reap_lost(s, lease_s=30, max_attempts=3) == 0
 
-    again = store.claim_next(s, worker_id="alive")
+    again = queue.claim_next(s, worker_id="alive")
     assert (again.id, again.attempt) == (lost.id, 2)  # the next claim raises the attempt
 
 
@@ -99,15 +99,15 @@ def test_reaper_fails_after_max_attempts_and_honours_cancel_requests(any_session
     worn = _claimed(s, "gone")
     s.execute(update(Experiment).where(Experiment.id == worn.id).values(attempt=3))
     flagged = _claimed(s, "gone")
-    store.request_cancel(s, experiment_id=flagged.id)
+    queue.request_cancel(s, experiment_id=flagged.id)
     for exp in (worn, flagged):
         _age(s, experiment_id=exp.id, seconds=60)
     _age(s, worker_id="gone", seconds=60)
 
-    assert store.reap_lost(s, lease_s=30, max_attempts=3) == 2
+    assert queue.reap_lost(s, lease_s=30, max_attempts=3) == 2
     s.expire_all()
     worn_row, flagged_row = s.get(Experiment, worn.id), s.get(Experiment, flagged.id)
-    assert (worn_row.status, worn_row.error) == ("failed", store.WORKER_LOST)
+    assert (worn_row.status, worn_row.error) == ("failed", queue.WORKER_LOST)
     assert worn_row.finished_at is not None
     assert flagged_row.status == "cancelled"
     assert [a.lost for a in store.list_attempts(s, experiment_id=worn.id)] == [True, True, True]
@@ -116,37 +116,37 @@ def test_reaper_fails_after_max_attempts_and_honours_cancel_requests(any_session
 def test_reaper_takes_experiments_of_unregistered_processes_after_a_lease(any_session):
     s = any_session
     exp = store.create_experiment(s, spec=make_spec(), status="running", worker_id="never-registered")
-    assert store.reap_lost(s, lease_s=30, max_attempts=3) == 0
+    assert queue.reap_lost(s, lease_s=30, max_attempts=3) == 0
     _age(s, experiment_id=exp.id, seconds=60)
-    assert store.reap_lost(s, lease_s=30, max_attempts=3) == 1
+    assert queue.reap_lost(s, lease_s=30, max_attempts=3) == 1
 
 
 def test_outcomes_only_land_on_the_attempt_that_is_running(any_session):
     s = any_session
     exp = _claimed(s)
-    assert store.requeue_experiment(s, experiment_id=exp.id, attempt=1)
-    assert not store.finish_experiment(s, experiment_id=exp.id, attempt=1, status="succeeded")
-    second = store.claim_next(s, worker_id="w2")
+    assert queue.requeue_experiment(s, experiment_id=exp.id, attempt=1)
+    assert not queue.finish_experiment(s, experiment_id=exp.id, attempt=1, status="succeeded")
+    second = queue.claim_next(s, worker_id="w2")
     assert second.attempt == 2
     # the worker of attempt 1 comes back late: it changes nothing
-    assert not store.finish_experiment(s, experiment_id=exp.id, attempt=1, status="failed", error="late")
-    assert not store.requeue_experiment(s, experiment_id=exp.id, attempt=1)
-    assert store.finish_experiment(
+    assert not queue.finish_experiment(s, experiment_id=exp.id, attempt=1, status="failed", error="late")
+    assert not queue.requeue_experiment(s, experiment_id=exp.id, attempt=1)
+    assert queue.finish_experiment(
         s, experiment_id=exp.id, attempt=2, status="oom", summary={"oom": {"phase": "forward"}}, warnings=["w"]
     )
     row = s.get(Experiment, exp.id, populate_existing=True)
     assert (row.status, row.summary, row.warnings, row.error) == ("oom", {"oom": {"phase": "forward"}}, ["w"], None)
     with pytest.raises(ValueError, match="not a finished status"):
-        store.finish_experiment(s, experiment_id=exp.id, status="running")
+        queue.finish_experiment(s, experiment_id=exp.id, status="running")
 
 
 def test_attempts_keep_and_mark_the_steps_of_lost_attempts(any_session):
     s = any_session
     exp = _claimed(s)
     store.add_steps(s, experiment_id=exp.id, attempt=1, records=[step_record(i) for i in (1, 2, 3)])
-    store.requeue_experiment(s, experiment_id=exp.id, attempt=1)
+    queue.requeue_experiment(s, experiment_id=exp.id, attempt=1)
     assert store.list_attempts(s, experiment_id=exp.id) == [store.Attempt(1, 3, lost=True, current=True)]
-    store.claim_next(s, worker_id="w2")
+    queue.claim_next(s, worker_id="w2")
     store.add_steps(s, experiment_id=exp.id, attempt=2, records=[step_record(1)])
     assert store.list_attempts(s, experiment_id=exp.id) == [
         store.Attempt(1, 3, lost=True, current=False),
@@ -161,20 +161,20 @@ def test_cancel_queued_at_once_running_by_flag_finished_refused(any_session):
     s = any_session
     running = _claimed(s)
     done = _claimed(s)
-    store.finish_experiment(s, experiment_id=done.id, status="succeeded")
+    queue.finish_experiment(s, experiment_id=done.id, status="succeeded")
     queued = store.create_experiment(s, spec=make_spec())
 
-    row = store.request_cancel(s, experiment_id=queued.id)
+    row = queue.request_cancel(s, experiment_id=queued.id)
     assert (row.status, row.finished_at is not None) == ("cancelled", True)
-    row = store.request_cancel(s, experiment_id=running.id)
+    row = queue.request_cancel(s, experiment_id=running.id)
     assert (row.status, row.cancel_requested) == ("running", True)
-    assert store.request_cancel(s, experiment_id=running.id).cancel_requested  # asking twice is fine
-    with pytest.raises(store.ExperimentFinishedError):
-        store.request_cancel(s, experiment_id=done.id)
-    with pytest.raises(store.ExperimentFinishedError):
-        store.request_cancel(s, experiment_id=queued.id)
-    assert store.request_cancel(s, experiment_id=10_000) is None
-    assert store.claim_next(s, worker_id="w3") is None  # the cancelled one is never claimed
+    assert queue.request_cancel(s, experiment_id=running.id).cancel_requested  # asking twice is fine
+    with pytest.raises(queue.ExperimentFinishedError):
+        queue.request_cancel(s, experiment_id=done.id)
+    with pytest.raises(queue.ExperimentFinishedError):
+        queue.request_cancel(s, experiment_id=queued.id)
+    assert queue.request_cancel(s, experiment_id=10_000) is None
+    assert queue.claim_next(s, worker_id="w3") is None  # the cancelled one is never claimed
 
 
 def test_cancel_sweep_cancels_every_unfinished_experiment(any_session):
@@ -187,16 +187,16 @@ def test_cancel_sweep_cancels_every_unfinished_experiment(any_session):
     for e in exps:
         s.execute(update(Experiment).where(Experiment.id == e.id).values(sweep_id=sweep.id))
     s.commit()
-    running = store.claim_next(s, worker_id="w1")
-    store.finish_experiment(s, experiment_id=store.claim_next(s, worker_id="w1").id, status="succeeded")
+    running = queue.claim_next(s, worker_id="w1")
+    queue.finish_experiment(s, experiment_id=queue.claim_next(s, worker_id="w1").id, status="succeeded")
 
-    assert store.cancel_sweep(s, sweep_id=sweep.id) == 2  # one queued, one running
+    assert queue.cancel_sweep(s, sweep_id=sweep.id) == 2  # one queued, one running
     s.expire_all()
     assert [s.get(Experiment, e.id).status for e in exps] == ["running", "succeeded", "cancelled"]
     assert s.get(Experiment, running.id).cancel_requested
     assert s.get(Experiment, other.id).status == "queued"
     assert s.get(Sweep, sweep.id).cancelled
-    assert store.cancel_sweep(s, sweep_id=10_000) is None
+    assert queue.cancel_sweep(s, sweep_id=10_000) is None
 
 
 def test_step_writer_commits_promptly_in_batches(any_database_url):
@@ -232,7 +232,7 @@ def test_step_writer_retries_a_failing_database_without_losing_steps(any_databas
             raise OperationalError("INSERT", {}, Exception("database is locked"))
         return real_add_steps(session, **kwargs)
 
-    monkeypatch.setattr("ckptlab.db.writer.add_steps", flaky_add_steps)
+    monkeypatch.setattr("worker.writer.add_steps", flaky_add_steps)
     writer = StepWriter(Session, experiment_id=exp.id, attempt=1, flush_interval_s=0.05).start()
     for i in range(1, 301):
         writer.put(step_record(i))

@@ -3,7 +3,8 @@ import math
 from sqlalchemy import func, select
 
 from ckptlab.db.models import Experiment, Step
-from ckptlab.db.store import add_steps, claim_next, create_experiment, finish_experiment, list_steps
+from ckptlab.db.queue import claim_next, finish_experiment
+from ckptlab.db.store import add_steps, create_experiment, list_steps
 from tests.factories import make_spec, step_record
 
 

@@ -12,194 +12,34 @@ from __future__ import annotations
 import json
 import os
 import re
-import shlex
 import shutil
 import socket
 import subprocess
 import sys
 import time
-from fnmatch import fnmatch
 from pathlib import Path, PurePosixPath
 
 import pytest
 import typer
 from sqlalchemy.engine import make_url
 
-from ckptlab.cli import app
 from ckptlab.settings import Settings
+from tests.docker.compose_support import (
+    APP_SERVICES,
+    COMPOSE_FILE,
+    CPU_OVERRIDE,
+    DOCKERFILES,
+    DOCUMENTED_PG_URL,
+    PYPROJECT,
+    ROOT,
+    check_cli_invocation,
+    dockerfile_exec_form,
+    effective_argv,
+    free_port,
+    published_ports,
+    service_env,
+)
 from tests.support import stop_process
-
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    tomllib = pytest.importorskip("tomli", reason="Python 3.10 needs tomli to read pyproject.toml")
-
-ROOT = Path(__file__).resolve().parents[1]
-COMPOSE_FILE = ROOT / "docker-compose.yml"
-CPU_OVERRIDE = ROOT / "docker" / "compose.cpu.yml"
-DOCKERFILES = {"backend": ROOT / "docker" / "backend.Dockerfile", "worker": ROOT / "docker" / "worker.Dockerfile"}
-PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
-APP_SERVICES = ("backend", "worker")
-DOCUMENTED_PG_URL = "postgresql+psycopg://ckptlab:ckptlab@postgres/ckptlab"
-
-
-# --- helpers ------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def compose() -> dict:
-    yaml = pytest.importorskip(
-        "yaml", reason="pyyaml is not installed (it is in the dev extra: pip install -e '.[dev]')"
-    )
-    return yaml.safe_load(COMPOSE_FILE.read_text())
-
-
-_VAR = re.compile(r"\$\$|\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?-)(?P<default>[^}]*))?\}")
-
-
-def interpolate(value: str, env: dict[str, str]) -> str:
-    """Compose's variable interpolation for ``$$``, ``${X}``, ``${X-d}`` and ``${X:-d}``."""
-
-    def sub(m: re.Match) -> str:
-        if m.group(0) == "$$":
-            return "$"
-        name, op, default = m.group("name"), m.group("op"), m.group("default")
-        if op == ":-":
-            return env.get(name) or default
-        if op == "-":
-            return env[name] if name in env else default
-        return env.get(name, "")
-
-    return _VAR.sub(sub, value)
-
-
-def service_env(service: dict, env: dict[str, str] | None = None) -> dict[str, str]:
-    raw = service.get("environment") or {}
-    if isinstance(raw, list):
-        raw = dict(item.split("=", 1) for item in raw)
-    return {k: interpolate(str(v), env or {}) for k, v in raw.items() if v is not None}
-
-
-def as_list(value: str | list[str] | None) -> list[str] | None:
-    if value is None or isinstance(value, list):
-        return value
-    return shlex.split(value)
-
-
-def parse_dockerfile(path: Path) -> list[tuple[str, str]]:
-    """``(INSTRUCTION, arguments)`` pairs: comments dropped, continuation lines joined."""
-    instructions: list[tuple[str, str]] = []
-    pending = ""
-    for line in path.read_text().splitlines():
-        stripped = line.strip()
-        if not stripped or stripped.startswith("#"):
-            continue
-        if stripped.endswith("\\"):
-            pending += stripped[:-1] + " "
-            continue
-        full = pending + stripped
-        pending = ""
-        word, _, rest = full.partition(" ")
-        instructions.append((word.upper(), rest.strip()))
-    assert not pending, f"{path.name}: dangling line continuation"
-    return instructions
-
-
-def dockerfile_exec_form(path: Path, instruction: str) -> list[str] | None:
-    """The last ENTRYPOINT or CMD (the one in force), which must be in exec (JSON) form."""
-    values = [rest for word, rest in parse_dockerfile(path) if word == instruction]
-    if not values:
-        return None
-    value = json.loads(values[-1])  # shell form would run under /bin/sh -c and eat SIGTERM
-    assert isinstance(value, list) and all(isinstance(v, str) for v in value), f"{path.name} {instruction}: {value}"
-    return value
-
-
-def dockerfile_args(path: Path) -> dict[str, str]:
-    """ARGs declared in the final stage (an ARG before FROM is not visible to RUN)."""
-    args: dict[str, str] = {}
-    for word, rest in parse_dockerfile(path):
-        if word == "FROM":
-            args = {}
-        elif word == "ARG":
-            name, _, default = rest.partition("=")
-            args[name] = default.strip().strip('"').strip("'")
-    return args
-
-
-def pip_installs(path: Path) -> list[str]:
-    """The ``pip install ...`` commands of every RUN, one string each."""
-    out = []
-    for word, rest in parse_dockerfile(path):
-        if word == "RUN":
-            for part in re.split(r"&&|;", rest):
-                if re.search(r"\bpip\d*(\.\d+)?\s+install\b", part):
-                    out.append(part.strip())
-    return out
-
-
-def installed_extras(path: Path) -> set[str]:
-    """Extras of the project itself (``pip install ".[a,b]"``) in a Dockerfile."""
-    extras: set[str] = set()
-    for cmd in pip_installs(path):
-        for token in shlex.split(cmd):
-            m = re.fullmatch(r"(?:\.|/src)\[([^\]]*)\]", token)
-            if m:
-                extras |= {e.strip() for e in m.group(1).split(",") if e.strip()}
-    return extras
-
-
-def requirement_names(requirements: list[str]) -> set[str]:
-    return {re.split(r"[\s\[<>=!~;]", r, maxsplit=1)[0].lower() for r in requirements}
-
-
-def effective_argv(name: str, compose: dict) -> tuple[list[str], list[str]]:
-    """(entrypoint, command) a service runs: compose's keys over the Dockerfile's."""
-    svc = compose["services"][name]
-    entrypoint = as_list(svc.get("entrypoint")) or dockerfile_exec_form(DOCKERFILES[name], "ENTRYPOINT")
-    command = as_list(svc.get("command")) or dockerfile_exec_form(DOCKERFILES[name], "CMD")
-    assert entrypoint, f"{name}: no entrypoint"
-    return entrypoint, command or []
-
-
-def check_cli_invocation(argv: list[str]):
-    """Resolve ``ckptlab SUB --opt value ...`` against the real typer app, as it would run."""
-    group = typer.main.get_command(app)  # a click group (typer may vendor its own click)
-    assert argv, "no subcommand"
-    sub_name, args = argv[0], argv[1:]
-    assert sub_name in group.commands, f"{sub_name!r} is not a ckptlab command ({sorted(group.commands)})"
-    sub = group.commands[sub_name]
-    known = {opt for p in sub.params for opt in (*p.opts, *getattr(p, "secondary_opts", []))}
-    for token in args:
-        if token.startswith("--"):
-            opt = token.split("=", 1)[0]
-            assert opt in known, f"ckptlab {sub_name} has no option {opt} (it has {sorted(known)})"
-    # click's own parser: unknown options, missing values and bad types (--port x) raise here
-    return sub.make_context(sub_name, list(args))
-
-
-def published_ports(service: dict) -> list[tuple[str | None, str, str]]:
-    """``(host_ip, published, target)`` for each port, short or long syntax."""
-    out = []
-    for port in service.get("ports") or []:
-        if isinstance(port, dict):
-            out.append((port.get("host_ip"), str(port.get("published")), str(port["target"])))
-            continue
-        parts = str(port).split(":")
-        if len(parts) == 3:
-            out.append((parts[0], parts[1], parts[2]))
-        elif len(parts) == 2:
-            out.append((None, parts[0], parts[1]))
-        else:
-            out.append((None, "", parts[0]))
-    return out
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 # --- compose: services, network, volumes --------------------------------------------------
 
@@ -323,7 +163,7 @@ def test_backend_healthcheck_command_works_against_a_real_server(compose: dict, 
     env["CKPTLAB_DATA_DIR"] = str(tmp_path)
     log = open(tmp_path / "serve.log", "wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ckptlab", "serve", "--host", "127.0.0.1", "--port", str(port)],
+        [sys.executable, "-m", "cli", "serve", "--host", "127.0.0.1", "--port", str(port)],
         env=env,
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -362,7 +202,7 @@ def test_worker_reserves_nvidia_gpus(compose: dict) -> None:
 def test_service_runs_a_real_cli_command(name: str, compose: dict) -> None:
     entrypoint, command = effective_argv(name, compose)
     assert entrypoint == ["ckptlab"]
-    assert PYPROJECT["project"]["scripts"]["ckptlab"] == "ckptlab.cli:main"
+    assert PYPROJECT["project"]["scripts"]["ckptlab"] == "cli.main:main"
     assert command[0] == {"backend": "serve", "worker": "worker"}[name]
     check_cli_invocation(command)
     # docker run without compose: the image's own CMD must be valid too
@@ -379,97 +219,6 @@ def test_cli_check_rejects_renamed_commands_and_options() -> None:
 
 
 # --- images --------------------------------------------------------------------------------
-
-
-def test_backend_image_installs_no_torch() -> None:
-    path = DOCKERFILES["backend"]
-    for word, rest in parse_dockerfile(path):
-        assert "torch" not in rest.lower(), f"backend.Dockerfile: {word} {rest}"
-    extras = installed_extras(path)
-    assert extras == {"postgres"}
-    optional = PYPROJECT["project"]["optional-dependencies"]
-    pulled = requirement_names(PYPROJECT["project"]["dependencies"])
-    for extra in extras:
-        pulled |= requirement_names(optional[extra])
-    assert "torch" not in pulled, f"the backend image would install torch through {sorted(extras)}"
-
-
-def test_worker_image_installs_torch_from_build_args(compose: dict) -> None:
-    path = DOCKERFILES["worker"]
-    args = dockerfile_args(path)
-    assert args["TORCH_SPEC"] == "torch==2.13.0"
-    assert args["TORCH_INDEX_URL"].startswith("https://download.pytorch.org/whl/cu")
-    installs = pip_installs(path)
-    torch_idx = [i for i, cmd in enumerate(installs) if re.search(r"\$\{?TORCH_SPEC\}?", cmd)]
-    project_idx = [i for i, cmd in enumerate(installs) if re.search(r"\.\[[^\]]*\bworker\b", cmd)]
-    assert torch_idx and project_idx and torch_idx[0] < project_idx[0], "torch must come before the worker extra"
-    assert re.search(r"--index-url\s+\"?\$\{?TORCH_INDEX_URL\}?", installs[torch_idx[0]])
-    assert installed_extras(path) == {"worker", "postgres"}
-    # the spec pins a torch the worker extra accepts, so pip keeps it instead of pulling another
-    from packaging.requirements import Requirement
-
-    pinned = Requirement(args["TORCH_SPEC"])
-    wanted = next(
-        Requirement(r) for r in PYPROJECT["project"]["optional-dependencies"]["worker"] if r.startswith("torch")
-    )
-    version = next(iter(pinned.specifier)).version
-    assert wanted.specifier.contains(version)
-    # the same torch as the Makefile, and compose's build args default to the Dockerfile's
-    makefile = (ROOT / "Makefile").read_text()
-    assert re.search(rf"^TORCH_SPEC \?= {re.escape(args['TORCH_SPEC'])}$", makefile, re.M)
-    build_args = compose["services"]["worker"]["build"]["args"]
-    for key in ("TORCH_SPEC", "TORCH_INDEX_URL"):
-        assert interpolate(build_args[key], {}) == args[key]
-        assert interpolate(build_args[key], {key: "x"}) == "x", f"{key} is not overridable"
-
-
-@pytest.mark.parametrize("name", APP_SERVICES)
-def test_image_runs_as_the_same_non_root_user(name: str) -> None:
-    users = [rest for word, rest in parse_dockerfile(DOCKERFILES[name]) if word == "USER"]
-    assert users and users[-1].split(":")[0] not in ("root", "0")
-    other = DOCKERFILES["worker" if name == "backend" else "backend"]
-    assert [rest for word, rest in parse_dockerfile(other) if word == "USER"][-1] == users[-1]
-
-
-def _dockerignore() -> list[str]:
-    lines = (ROOT / ".dockerignore").read_text().splitlines()
-    return [ln.strip() for ln in lines if ln.strip() and not ln.strip().startswith("#")]
-
-
-def _ignored(rel: str, patterns: list[str]) -> bool:
-    ignored = False
-    for pattern in patterns:
-        negate = pattern.startswith("!")
-        pattern = pattern.lstrip("!").strip("/")
-        parts = PurePosixPath(rel).parts
-        hit = any(fnmatch("/".join(parts[: i + 1]), pattern) for i in range(len(parts)))
-        if pattern.startswith("**/"):
-            hit = hit or any(fnmatch(p, pattern[3:]) for p in parts)
-        if hit:
-            ignored = not negate
-    return ignored
-
-
-@pytest.mark.parametrize("name", APP_SERVICES)
-def test_image_copies_the_packages_from_the_build_context(name: str) -> None:
-    patterns = _dockerignore()
-    for must in (".venv", "data", ".git", "docs/screenshots"):
-        assert _ignored(must, patterns), f".dockerignore lets {must} into the build context"
-    copied = set()
-    for word, rest in parse_dockerfile(DOCKERFILES[name]):
-        if word == "COPY" and "--from" not in rest:
-            *sources, _dest = shlex.split(rest)
-            for src in sources:
-                src = str(PurePosixPath(src))
-                assert (ROOT / src).exists(), f"COPY {src}: no such path"
-                assert not _ignored(src, patterns), f"COPY {src}: excluded by .dockerignore"
-                copied.add(src)
-    # what pip needs to build the project: pyproject, its readme, every package
-    assert {"pyproject.toml", PYPROJECT["project"]["readme"]} <= copied
-    for pattern in PYPROJECT["tool"]["setuptools"]["packages"]["find"]["include"]:
-        package = pattern.rstrip("*")
-        assert (ROOT / package / "__init__.py").is_file()
-        assert package in copied, f"{name} image lacks the {package} package"
 
 
 # --- docker compose itself ---------------------------------------------------------------

@@ -6,10 +6,10 @@ import pytest
 from sqlalchemy import func, select
 from typer.testing import CliRunner
 
-from ckptlab.cli import app
-from ckptlab.db.engine import make_engine
+from ckptlab.db.database import make_engine
 from ckptlab.db.models import Experiment
 from ckptlab.settings import get_settings
+from cli.main import app
 from tests.factories import spec_dict
 
 
@@ -65,6 +65,23 @@ def test_run_prints_table_and_json_summary(cli, tmp_path, data_dir):
     assert summary["activation_bytes"] > 0
     assert summary["params_without_grad"] == 0
     assert stored_count(data_dir) == 1
+
+
+def test_run_says_where_the_peak_is_and_warns_about_a_setting_that_does_nothing(cli, tmp_path):
+    spec = write_spec(
+        tmp_path,
+        steps=3,
+        timed_steps=4,
+        **{"model.depth": 72, "model.width": 200, "checkpoint.strategy": "sequential", "checkpoint.segments": 1},
+    )
+    result = cli("run", str(spec), "--json")
+    assert result.exit_code == 0, result.output
+    out = " ".join(result.stdout.split())  # rich wraps long lines
+    assert "is in optimizer.step" in out and "checkpointing cannot lower this peak" in out
+    assert "over 4 timed steps (tracker off)" in out
+    assert "warning sequential_equals_none" in out
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["peak_phase"] == "optimizer" and summary["activation_bytes_at_peak"] == 0
 
 
 def test_segments_law_at_the_edges(cli, tmp_path):

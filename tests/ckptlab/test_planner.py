@@ -1,0 +1,94 @@
+"""The budget planner: exact on small chains (brute force), never worse than the best
+uniform ``checkpoint_sequential`` split that fits, never above the budget, and a clear
+reason when nothing fits."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from ckptlab.planner import (
+    BlockProfile,
+    NoPlanFits,
+    Segment,
+    plan_chain,
+    predict_peak,
+    recompute_ms,
+    sequential_segments,
+    smallest_peak_plan,
+)
+
+
+def all_segmentations(n: int):
+    """Every way to cut ``n`` blocks into consecutive segments, each checkpointed or not."""
+    for cuts in itertools.product([False, True], repeat=n - 1):
+        bounds = [0, *[i + 1 for i, c in enumerate(cuts) if c], n]
+        pieces = list(zip(bounds, bounds[1:], strict=False))
+        for flags in itertools.product([False, True], repeat=len(pieces)):
+            yield tuple(Segment(s, e, f) for (s, e), f in zip(pieces, flags, strict=True))
+
+
+def chain(n: int, seed: int) -> list[BlockProfile]:
+    rng = random.Random(seed)
+    return [BlockProfile(rng.randint(50, 400), rng.randint(10, 100), rng.uniform(0.5, 3.0)) for _ in range(n)]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_plan_is_the_cheapest_that_fits_by_brute_force(seed):
+    blocks = chain(6, seed)
+    none_peak = predict_peak(blocks, (Segment(0, 6, False),))
+    for budget in (none_peak, int(none_peak * 0.7), int(none_peak * 0.45)):
+        feasible = [s for s in all_segmentations(6) if predict_peak(blocks, s) <= budget]
+        try:
+            plan = plan_chain(blocks, budget_bytes=budget, resolution=100_000)
+        except NoPlanFits:
+            assert not feasible
+            continue
+        assert plan.predicted_peak_bytes <= budget
+        assert plan.recompute_ms == pytest.approx(min(recompute_ms(blocks, s) for s in feasible))
+
+
+def test_never_costlier_than_the_best_uniform_split_that_fits():
+    blocks = [BlockProfile(1000, 250, 1.0) for _ in range(24)]
+    fixed = 50_000
+    for budget in range(fixed + 8_000, fixed + 26_000, 1_500):
+        uniform = [
+            sequential_segments(24, k)
+            for k in range(1, 25)
+            if predict_peak(blocks, sequential_segments(24, k), fixed_bytes=fixed) <= budget
+        ]
+        try:
+            plan = plan_chain(blocks, budget_bytes=budget, fixed_bytes=fixed)
+        except NoPlanFits:
+            assert not uniform
+            continue
+        assert plan.predicted_peak_bytes <= budget
+        if uniform:
+            assert plan.recompute_ms <= min(recompute_ms(blocks, s) for s in uniform) + 1e-9
+
+
+def test_no_checkpointing_when_everything_fits():
+    blocks = chain(8, 1)
+    plan = plan_chain(blocks, budget_bytes=10**9)
+    assert plan.checkpointed_blocks == () and plan.recompute_ms == 0
+
+
+def test_nothing_fits_names_the_fixed_memory_or_the_smallest_peak():
+    blocks = [BlockProfile(1000, 100, 1.0) for _ in range(16)]
+    with pytest.raises(NoPlanFits, match="optimizer state alone") as too_small:
+        plan_chain(blocks, budget_bytes=10_000, fixed_bytes=20_000)
+    assert too_small.value.smallest.predicted_peak_bytes > 20_000
+    lowest = smallest_peak_plan(blocks, fixed_bytes=20_000)
+    with pytest.raises(NoPlanFits, match="smallest reachable peak") as above:
+        plan_chain(blocks, budget_bytes=lowest.predicted_peak_bytes - 500, fixed_bytes=20_000)
+    assert above.value.smallest.predicted_peak_bytes == lowest.predicted_peak_bytes
+    assert plan_chain(blocks, budget_bytes=lowest.predicted_peak_bytes + 10, fixed_bytes=20_000)
+
+
+def test_sequential_segments_match_checkpoint_sequential():
+    assert sequential_segments(10, 3) == (Segment(0, 3, True), Segment(3, 6, True), Segment(6, 10, False))
+    assert sequential_segments(4, 1) == (Segment(0, 4, False),)
+    with pytest.raises(ValueError):
+        sequential_segments(4, 5)

@@ -1,0 +1,170 @@
+"""What the browser tests share apart from fixtures: the app's address, HTTP helpers,
+screenshots, and rows written straight into the app's database."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Page
+
+CHROMIUM = Path("/usr/bin/chromium")
+REPO = Path(__file__).resolve().parents[2]
+SCREENSHOTS = REPO / "docs" / "screenshots"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+VIEWPORT = {"width": 1280, "height": 900}
+STARTUP_TIMEOUT_S = 60
+RUN_TIMEOUT_MS = 90_000
+CHARTS = {
+    "memory_vs_segments": "sweep-chart-memory",
+    "time_vs_segments": "sweep-chart-time",
+    "pareto": "sweep-chart-pareto",
+    "correctness": "sweep-chart-correctness",
+}
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _request(url: str, body: object | None = None) -> tuple[int, object]:
+    """GET (or POST JSON) without any proxy from the environment (the app is on 127.0.0.1)."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"} if data else {})
+    try:
+        with opener.open(req, timeout=10) as resp:
+            raw = resp.read()
+            ctype = resp.headers.get("content-type", "")
+            return resp.status, json.loads(raw or b"null") if "json" in ctype else raw.decode()
+    except urllib.error.HTTPError as err:
+        return err.code, None
+
+
+def _get_json(url: str) -> tuple[int, object]:
+    return _request(url)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM, then SIGKILL, for ``ckptlab up`` and then for whatever is left of its
+    process group (the worker it started). The group is ours alone: the app was started
+    in a new session."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+    pgid = proc.pid
+    for sig, grace_s in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 5.0)):
+        if not _group_alive(pgid):
+            return
+        os.killpg(pgid, sig)
+        deadline = time.monotonic() + grace_s
+        while _group_alive(pgid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+
+@dataclass(frozen=True)
+class App:
+    url: str
+    data_dir: Path
+
+
+def _assert_local_only(app_url: str, urls: list[str]) -> None:
+    """The page works offline: nothing but the app itself (data:/blob: URLs are not network)."""
+    assert urls, "the page made no requests at all"
+    foreign = [u for u in urls if not (u.startswith(app_url + "/") or u.startswith(("data:", "blob:")))]
+    assert not foreign, f"requests outside {app_url}: {foreign}"
+
+
+def _count(app_url: str, what: str = "experiments") -> int:
+    status, body = _get_json(f"{app_url}/api/{what}")
+    assert status == 200
+    return body["count"]
+
+
+def _screenshot(page: Page, name: str, *, full_page: bool = True) -> None:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.mouse.move(0, 0)  # no hover toolbar or tooltip on the charts
+    page.evaluate("document.activeElement && document.activeElement.blur()")  # no focus ring
+    page.wait_for_timeout(150)
+    page.screenshot(path=str(SCREENSHOTS / name), full_page=full_page)
+
+
+def _trace_names(page: Page, div_id: str) -> list[str]:
+    return page.evaluate(f"(document.getElementById('{div_id}').data || []).map((t) => t.name)")
+
+
+def _insert_finished_experiments(app_dir: Path, n: int) -> list[int]:
+    """``n`` succeeded experiments written straight into the app's SQLite database (no worker
+    runs them), with plausible summaries."""
+    from ckptlab.db import store
+    from ckptlab.db.database import make_engine, make_sessionmaker
+    from ckptlab.settings import Settings
+    from ckptlab.spec import ExperimentSpec
+
+    engine = make_engine(Settings(data_dir=app_dir).resolved_database_url)
+    sessions = make_sessionmaker(engine)
+    ids = []
+    strategies = ["none", "sequential", "per_block", "selective", "offload"]
+    try:
+        with sessions() as session:
+            for i in range(n):
+                strategy = strategies[i % len(strategies)]
+                spec = ExperimentSpec.model_validate(
+                    {
+                        "model": {"kind": "mlp", "depth": 16, "width": 256},
+                        "batch_size": 32 * (1 + i % 4),
+                        "device": "cpu",
+                        "checkpoint": {"strategy": strategy, "segments": 4},
+                    }
+                )
+                exp = store.create_experiment(session, spec=spec, status="succeeded", worker_id="test")
+                act = 1_000_000 * (1 + i % 7) // (2 if strategy != "none" else 1)
+                exp.summary = {
+                    "activation_bytes": act,
+                    "peak_allocated_bytes": 4_000_000 + act,
+                    "step_time_ms": 5.0 + (i % 11),
+                    "gradients_match": None if strategy == "none" else True,
+                    "grad_max_abs_diff": None if strategy == "none" else 0.0,
+                }
+                exp.finished_at = exp.created_at + timedelta(seconds=1)
+                exp.attempt = 1
+                session.commit()
+                ids.append(exp.id)
+    finally:
+        engine.dispose()
+    return ids

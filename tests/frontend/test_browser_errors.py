@@ -1,0 +1,141 @@
+"""Browser tests of degraded and wrong input: no event streams (the pages poll), field
+errors of bad values in the experiment and sweep forms."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.frontend.support import (
+    CHROMIUM,
+    RUN_TIMEOUT_MS,
+    _assert_local_only,
+    _count,
+    _request,
+)
+
+if not CHROMIUM.exists():
+    pytest.skip(f"{CHROMIUM} not found: no browser for the frontend test", allow_module_level=True)
+
+from playwright.sync_api import Page, expect  # noqa: E402
+
+pytestmark = pytest.mark.browser
+
+
+def test_without_event_streams_the_pages_poll(
+    app_url: str, page: Page, requested_urls: list[str], page_errors: list[str]
+) -> None:
+    """A proxy that refuses ``text/event-stream`` (here: every /events answered 503): the
+    experiment and sweep pages fall back to polling and still finish."""
+    page.route(re.compile(r".*/events(\?.*)?$"), lambda route: route.fulfill(status=503, body="no streams here"))
+    tiny = {
+        "model": {"kind": "mlp", "depth": 4, "width": 16},
+        "batch_size": 8,
+        "steps": 3,
+        "timed_steps": 0,
+        "device": "cpu",
+    }
+    code, exp = _request(f"{app_url}/api/experiments", tiny)
+    assert code == 201
+    page.goto(f"{app_url}/#/experiments/{exp['id']}")
+    expect(page.locator("#exp-status")).to_have_text("succeeded", timeout=RUN_TIMEOUT_MS)
+    assert page.evaluate("document.getElementById('chart-time').data[0].x.length") == 3
+    code, sweep = _request(
+        f"{app_url}/api/sweeps",
+        {
+            "name": "polled",
+            "base": {**tiny, "checkpoint": {"strategy": "sequential"}},
+            "axes": {"checkpoint.segments": [2, 4]},
+        },
+    )
+    assert code == 201
+    page.goto(f"{app_url}/#/sweeps/{sweep['id']}")
+    expect(page.locator("#sweep-progress-text")).to_have_text("3 of 3", timeout=RUN_TIMEOUT_MS)
+    page.wait_for_function("(document.getElementById('sweep-chart-correctness').data || [{x: []}])[0].x.length === 2")
+    assert any("/events" in u for u in requested_urls), "the pages did not try their streams first"
+    _assert_local_only(app_url, requested_urls)
+    assert not [e for e in page_errors if "EventSource" not in e], page_errors
+
+
+# ----------------------------------------------------------------------------- errors
+
+
+def test_invalid_value_shows_field_error(
+    app_url: str, page: Page, requested_urls: list[str], page_errors: list[str]
+) -> None:
+    before = _count(app_url)
+    page.goto(app_url + "/#/new")
+    page.select_option("#checkpoint\\.strategy", "sequential")
+    page.fill("#checkpoint\\.segments", "0")
+    page.click("#submit")
+
+    segments = page.locator("#checkpoint\\.segments")
+    error = page.locator(".field:has(#checkpoint\\.segments) .field-error")
+    expect(error).to_be_visible()
+    expect(error).not_to_be_empty()
+    expect(segments).to_have_attribute("aria-invalid", "true")
+    expect(page.locator("#form-error")).to_be_hidden()
+    # Only the bad input is marked, and the page stayed on the form.
+    assert page.locator('[aria-invalid="true"]').count() == 1
+    assert "#/experiments/" not in page.url
+    assert _count(app_url) == before
+
+    # Fixing the value clears its error.
+    segments.fill("2")
+    expect(error).to_have_count(0)
+
+    # The union tag in ["body", "model", "mlp", "width"] is mapped to the width input.
+    page.fill("#f-mlp-width", "0")
+    page.click("#submit")
+    width_error = page.locator(".field:has(#f-mlp-width) .field-error")
+    expect(width_error).to_contain_text("greater than or equal to 1")
+    expect(page.locator("#f-mlp-width")).to_have_attribute("aria-invalid", "true")
+    page.fill("#f-mlp-width", "64")
+
+    _assert_local_only(app_url, requested_urls)
+    assert not page_errors, page_errors
+
+
+def test_invalid_sweep_values_show_field_errors(
+    app_url: str, page: Page, requested_urls: list[str], page_errors: list[str]
+) -> None:
+    sweeps = _count(app_url, "sweeps")
+    page.goto(app_url + "/#/new?mode=sweep")
+    page.click("[data-preset='tiny']")
+    page.check("#axis-segments")
+    list_input = page.locator("#axis-segments-values")
+    list_error = page.locator(".axis:has(#axis-segments-values) .field-error")
+
+    # A list that does not parse, and a repeated value (the API refuses both): caught here.
+    list_input.fill("2, x")
+    expect(page.locator("#plan-notes")).to_contain_text("Segment counts: “x” is not a number")
+    page.click("#submit")
+    expect(list_error).to_contain_text("not a number")
+    expect(list_input).to_have_attribute("aria-invalid", "true")
+    list_input.fill("2,2")
+    page.click("#submit")
+    expect(list_error).to_contain_text("repeats a value")
+
+    # Every combination invalid (segments > depth): the API's 422 names the axis.
+    list_input.fill("16,32")
+    expect(page.locator("#plan-notes")).to_contain_text("No valid combination")
+    page.click("#submit")
+    expect(list_error.first).to_contain_text("must not exceed model.depth")
+
+    # A bad base value: ["body", "base", "model", "mlp", "width"] lands on the width input.
+    list_input.fill("2,4")
+    expect(list_error).to_have_count(0)
+    page.fill("#f-mlp-width", "0")
+    page.click("#submit")
+    expect(page.locator(".field:has(#f-mlp-width) .field-error")).to_contain_text("greater than or equal to 1")
+    assert page.locator('[aria-invalid="true"]').count() == 1
+    expect(page.locator("#form-error")).to_be_hidden()
+    assert "#/sweeps/" not in page.url
+    assert _count(app_url, "sweeps") == sweeps
+
+    _assert_local_only(app_url, requested_urls)
+    assert not page_errors, page_errors
+
+
+# ----------------------------------------------------------------------------- list

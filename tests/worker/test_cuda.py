@@ -1,0 +1,55 @@
+"""On CUDA the allocator's counts agree with the CPU tracker's exact count (same fp32 spec),
+and the timing pass keeps its memory readings there (one pass serves both)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.factories import make_spec
+from worker.engine import run_experiment
+
+pytestmark = pytest.mark.gpu
+
+SPECS = {
+    "mlp-sequential-4": {
+        "model.depth": 16,
+        "model.width": 512,
+        "batch_size": 64,
+        "checkpoint.strategy": "sequential",
+        "checkpoint.segments": 4,
+    },
+    "mlp-none": {"model.depth": 16, "model.width": 512, "batch_size": 64},
+    "mlp-per_block": {"model.depth": 16, "model.width": 512, "batch_size": 64, "checkpoint.strategy": "per_block"},
+    "transformer-per_block": {
+        "model": {"kind": "transformer", "depth": 4, "d_model": 128, "heads": 4, "seq_len": 64, "vocab_size": 500},
+        "batch_size": 8,
+        "checkpoint.strategy": "per_block",
+    },
+    "resnet-sequential-3": {
+        "model": {"kind": "resnet", "depth": 9, "channels": 16, "image_size": 32},
+        "batch_size": 8,
+        "checkpoint.strategy": "sequential",
+        "checkpoint.segments": 3,
+    },
+}
+
+
+def _spec(device: str, overrides: dict):
+    return make_spec(device=device, verify_gradients=False, timed_steps=3, **overrides)
+
+
+@pytest.mark.parametrize("name", list(SPECS))
+def test_cuda_activation_bytes_equal_the_cpu_exact_count_within_2_percent(name):
+    cpu = run_experiment(_spec("cpu", SPECS[name]))
+    cuda = run_experiment(_spec("cuda", SPECS[name]))
+    ratio = cuda["activation_bytes"] / cpu["activation_bytes"]
+    print(f"{name}: cpu {cpu['activation_bytes']} cuda {cuda['activation_bytes']} ratio {ratio:.4f}")
+    assert 0.98 <= ratio <= 1.02
+
+
+def test_the_cuda_timing_pass_keeps_its_memory_readings():
+    records: list[dict] = []
+    summary = run_experiment(_spec("cuda", SPECS["mlp-none"]), on_step=records.append)
+    timed = [r for r in records if r["extra"]["pass"] == "timed"]
+    assert len(timed) == 3 and all(r["peak_allocated_bytes"] > 0 for r in timed)
+    assert summary["timing_pass"] == "timed" and summary["timing"]["step_ms"]["n"] == 3
