@@ -39,9 +39,10 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from ckptlab.db import store
-from ckptlab.db.engine import make_engine, make_sessionmaker, migrate
+from ckptlab.db import queue, store
+from ckptlab.db.database import make_engine, make_sessionmaker, migrate
 from ckptlab.db.models import Step
+from ckptlab.domain import Status
 from ckptlab.spec import ExperimentSpec
 
 METRICS = ("step_ms", "peak_allocated_bytes", "loss")
@@ -76,7 +77,7 @@ def start_server(database_url: str, port: int) -> subprocess.Popen:
     """``ckptlab serve`` on 127.0.0.1:port; returns once /api/health answers."""
     env = {**os.environ, "CKPTLAB_DATABASE_URL": database_url}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ckptlab", "serve", "--port", str(port)],
+        [sys.executable, "-m", "cli", "serve", "--port", str(port)],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.STDOUT,
@@ -95,7 +96,7 @@ def start_server(database_url: str, port: int) -> subprocess.Popen:
 def bench_stream(base: str, Session, *, n_steps: int, interval: float) -> dict:
     """Commit ``n_steps`` steps one by one; return latency stats (ms) from commit to client."""
     with Session() as s:
-        exp = store.create_experiment(s, spec=ExperimentSpec(device="cpu"), status="running", worker_id="bench:0")
+        exp = store.create_experiment(s, spec=ExperimentSpec(device="cpu"), status=Status.RUNNING, worker_id="bench:0")
     received: dict[int, float] = {}
     ended = threading.Event()
 
@@ -123,7 +124,7 @@ def bench_stream(base: str, Session, *, n_steps: int, interval: float) -> dict:
             store.add_steps(s, experiment_id=exp.id, attempt=1, records=[_record(step, rng)])
             committed[step] = time.monotonic()
             time.sleep(rng.uniform(0, 2 * interval))
-        store.finish_experiment(s, experiment_id=exp.id, status="succeeded", summary={})
+        queue.finish_experiment(s, experiment_id=exp.id, status=Status.SUCCEEDED, summary={})
     if not ended.wait(30):
         raise RuntimeError("the stream did not end")
     lat = [1000 * (received[s] - committed[s]) for s in committed if s in received]
@@ -140,9 +141,9 @@ def _insert_run(Session, n_steps: int, rng: random.Random, *, finished: bool) ->
     """Store a run of ``n_steps`` steps (50,000 per commit); finished first when asked, so
     that the server never sees it running."""
     with Session() as s:
-        exp = store.create_experiment(s, spec=ExperimentSpec(device="cpu"), status="running", worker_id="bench:1")
+        exp = store.create_experiment(s, spec=ExperimentSpec(device="cpu"), status=Status.RUNNING, worker_id="bench:1")
         if finished:
-            store.finish_experiment(s, experiment_id=exp.id, status="succeeded", summary={})
+            queue.finish_experiment(s, experiment_id=exp.id, status=Status.SUCCEEDED, summary={})
         chunk = []
         for step in range(1, n_steps + 1):
             row = _record(step, rng)

@@ -10,7 +10,7 @@ Run from the repository root::
   the end of the first step) and the submit-to-first-step-visible latency (what the live
   view waits for: polling, claim, first step, batched write).
 - **Write throughput.** Pushes ``--rows`` step records through
-  :class:`ckptlab.db.writer.StepWriter` as fast as possible and times until all are
+  :class:`worker.writer.StepWriter` as fast as possible and times until all are
   committed, into SQLite and into PostgreSQL (a throwaway cluster from Debian's binaries,
   or ``--postgres-url``); also the cost of one ``put`` on the training loop.
 
@@ -33,10 +33,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from ckptlab.db import store  # noqa: E402
-from ckptlab.db.engine import make_engine, make_sessionmaker, migrate  # noqa: E402
-from ckptlab.db.writer import StepWriter  # noqa: E402
+from ckptlab.db.database import make_engine, make_sessionmaker, migrate  # noqa: E402
+from ckptlab.domain import Status  # noqa: E402
 from ckptlab.spec import ExperimentSpec  # noqa: E402
 from tests.support import wait_for  # noqa: E402
+from worker.writer import StepWriter  # noqa: E402
 
 SPEC = ExperimentSpec.model_validate(
     {
@@ -62,9 +63,7 @@ def bench_warm_start(n: int, workdir: Path) -> dict[str, float]:
         "CKPTLAB_POLL_INTERVAL_S": "0.1",
     }
     log = open(workdir / "worker.log", "wb")
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "ckptlab", "worker"], env=env, stdout=log, stderr=subprocess.STDOUT
-    )
+    worker = subprocess.Popen([sys.executable, "-m", "cli", "worker"], env=env, stdout=log, stderr=subprocess.STDOUT)
     claim_to_step: list[float] = []
     submit_to_visible: list[float] = []
     try:
@@ -83,10 +82,10 @@ def bench_warm_start(n: int, workdir: Path) -> dict[str, float]:
             def finished(exp_id=exp_id):
                 with Session() as s:
                     exp = store.get_experiment(s, experiment_id=exp_id)
-                    return exp if exp.status not in ("queued", "running") else None
+                    return exp if exp.status not in (Status.QUEUED, Status.RUNNING) else None
 
             exp = wait_for(finished, timeout=120, interval=0.005)
-            if exp.status != "succeeded":
+            if exp.status != Status.SUCCEEDED:
                 raise RuntimeError(f"experiment {exp_id} ended {exp.status}: {exp.error}")
             if i:
                 claim_to_step.append(exp.summary["claim_to_first_step_s"])
@@ -126,7 +125,7 @@ def bench_writes(url: str, rows: int) -> dict[str, float]:
     migrate(engine)
     Session = make_sessionmaker(engine)
     with Session() as s:
-        exp = store.create_experiment(s, spec=SPEC, status="running")
+        exp = store.create_experiment(s, spec=SPEC, status=Status.RUNNING)
     records = [_record(i) for i in range(1, rows + 1)]
     writer = StepWriter(Session, experiment_id=exp.id, attempt=1).start()
     t0 = time.perf_counter()

@@ -2,7 +2,7 @@
 
     python bench/run_all.py [--quick]
 
-Rows: instrumentation overhead (engine step against a bare step, CPU or CUDA), claim to
+Rows: timing-pass overhead (engine step against a bare step, CPU or CUDA), claim to
 first step on a warm worker, step rows per second written through the batch writer
 (SQLite, and PostgreSQL when Debian's binaries are there), series latency at 1,000,000
 steps, stream latency (step commit to SSE client), sweep throughput with 1, 2 and 4
@@ -59,8 +59,9 @@ def main() -> None:
         r = bench_overhead.measure(name, cfg, device, rounds=1 if q else 4, steps=5 if q else 8)
         rows.append(
             (
-                f"instrumentation overhead, {name} ({device})",
-                f"{r['overhead_pct']:+.1f}% ({r['bare_ms']:.1f} -> {r['instrumented_ms']:.1f} ms)",
+                f"timing-pass overhead over a bare loop, {name} ({device})",
+                f"{r['timed_overhead_pct']:+.1f}% ({r['bare_ms']:.1f} -> {r['timed_ms']:.1f} ms; "
+                f"memory pass {r['memory_pass_overhead_pct']:+.1f}%)",
             )
         )
 

@@ -26,6 +26,7 @@ COPY ckptlab ./ckptlab
 COPY backend ./backend
 COPY frontend ./frontend
 COPY worker ./worker
+COPY cli ./cli
 # Not editable: the packages (and the frontend's files) land in site-packages.
 RUN pip install ".[postgres]"
 

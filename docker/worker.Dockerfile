@@ -39,6 +39,7 @@ COPY ckptlab ./ckptlab
 COPY backend ./backend
 COPY frontend ./frontend
 COPY worker ./worker
+COPY cli ./cli
 RUN pip install ".[worker,postgres]"
 
 USER 10001:10001
