@@ -245,6 +245,7 @@ def test_run_experiment_and_watch_it(
     page.fill("#batch_size", "16")
     page.fill("#steps", "6")
     page.fill("#timed_steps", "4")
+    page.click("#advanced > summary")
     page.uncheck("#memory_early_stop")  # all 6 memory steps, flat memory or not
     page.select_option("#checkpoint\\.strategy", "sequential")
     page.fill("#checkpoint\\.segments", "4")
