@@ -1,7 +1,8 @@
 """Limits on what one request may ask a worker to do, checked from the spec alone.
 
 The backend never imports torch, so the parameter count of a spec is computed here from the
-architectures of :mod:`worker.models` (a test checks the two agree for every built-in kind).
+architectures of :mod:`worker.models` (a test checks the two agree for every built-in kind),
+and with it the fixed memory of training: parameters, gradients and optimizer state.
 """
 
 from __future__ import annotations
@@ -11,7 +12,13 @@ from typing import Any
 from ckptlab.settings import Settings
 from ckptlab.spec import DenseNetSpec, ExperimentSpec, MLPSpec, ResNetSpec, TransformerSpec
 
-__all__ = ["estimate_param_count", "limit_errors"]
+__all__ = ["estimate_param_count", "estimate_fixed_bytes", "limit_errors"]
+
+#: Bytes per parameter of an fp32 parameter and of its gradient (autocast keeps fp32 weights).
+PARAM_BYTES = 4
+#: fp32 optimizer-state tensors per parameter: Adam / AdamW keep ``exp_avg`` and
+#: ``exp_avg_sq``; plain SGD (no momentum, as the engine builds it) keeps none.
+OPTIMIZER_STATES_PER_PARAM = {"adam": 2, "adamw": 2, "sgd": 0}
 
 N_CLASSES = 10
 
@@ -73,12 +80,35 @@ def estimate_param_count(spec: ExperimentSpec) -> int | None:
     return counter(spec.model) if counter else None
 
 
+def estimate_fixed_bytes(spec: ExperimentSpec) -> int | None:
+    """Bytes training holds whatever is checkpointed: parameters + gradients + optimizer state.
+
+    ``params × 4 B × (2 + k)`` with ``k`` the optimizer's fp32 state tensors per parameter
+    (:data:`OPTIMIZER_STATES_PER_PARAM`, after ``torch.optim.Adam``'s ``exp_avg`` and
+    ``exp_avg_sq``). Buffers, Adam's scalar ``step`` tensors and activations are left out, so
+    this is a lower bound on a run's memory: a spec over a worker's capacity by this figure
+    cannot run there.
+
+    Args:
+        spec: a validated experiment spec.
+
+    Returns:
+        Bytes, or None for ``custom`` models (their parameters are not known to the API).
+    """
+    params = estimate_param_count(spec)
+    if params is None:
+        return None
+    return params * PARAM_BYTES * (2 + OPTIMIZER_STATES_PER_PARAM[spec.optimizer])
+
+
 def limit_errors(spec: ExperimentSpec, settings: Settings, *, loc: tuple[str | int, ...] = ("body",)) -> list[dict]:
     """The ways ``spec`` exceeds the configured limits, as FastAPI validation errors.
 
     Args:
         spec: a validated experiment spec.
-        settings: supplies ``max_steps``, ``max_batch_size`` and ``max_param_count``.
+        settings: supplies ``max_steps``, ``max_batch_size``, ``max_param_count`` and
+            ``worker_memory_bytes`` (the capacity the fixed memory,
+            :func:`estimate_fixed_bytes`, must fit in).
         loc: prefix of each error's location (default ``("body",)``).
 
     Returns:
@@ -112,4 +142,18 @@ def limit_errors(spec: ExperimentSpec, settings: Settings, *, loc: tuple[str | i
             spec.model.kind,
             f"the model has {params:,} parameters, over this server's limit of {settings.max_param_count:,}",
         )
+    fixed = estimate_fixed_bytes(spec)
+    if fixed is not None and fixed > settings.worker_memory_bytes:
+        err(
+            ("model",),
+            spec.model.kind,
+            f"parameters, gradients and {spec.optimizer} state alone need about {_gib(fixed)} "
+            f"({fixed:,} bytes; {params:,} parameters), over a worker's memory of "
+            f"{_gib(settings.worker_memory_bytes)} (CKPTLAB_WORKER_MEMORY_BYTES); use a smaller model "
+            "or sgd",
+        )
     return errors
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB"

@@ -40,6 +40,8 @@ STRATEGIES = ("none", "sequential", "per_block", "selective", "offload")
 #: Named policies for strategy ``selective`` (see ``worker.strategies``).
 SELECTIVE_POLICIES = ("save_matmuls", "save_matmuls_and_attention", "recompute_all")
 MODEL_KINDS = ("mlp", "resnet", "transformer", "densenet", "custom")
+#: Largest ``memory_limit_bytes`` a spec may give: 1 PiB, above any device or host.
+MAX_MEMORY_LIMIT_BYTES = 2**50
 
 
 class _Strict(BaseModel):
@@ -213,7 +215,8 @@ class ExperimentSpec(_Strict):
         device: ``auto`` (CUDA when available, else CPU), ``cpu`` or ``cuda``.
         seed: seeds the weights, the synthetic data and dropout.
         memory_limit_bytes: cap on allocated bytes (CUDA: ``set_per_process_memory_fraction``;
-            CPU: the tracker raises out-of-memory past it). Default: no cap.
+            CPU: the tracker raises out-of-memory past it). Default: no cap; at most
+            :data:`MAX_MEMORY_LIMIT_BYTES` (1 PiB).
         verify_gradients: also run the first step without checkpointing from the same
             weights, data and RNG seed and record the gradient difference (default True).
         memory_snapshot: on CUDA, record ``torch.cuda.memory._record_memory_history`` and
@@ -237,7 +240,7 @@ class ExperimentSpec(_Strict):
     optimizer: Literal["sgd", "adam", "adamw"] = "adam"
     device: Literal["auto", "cpu", "cuda"] = "auto"
     seed: int = Field(0, ge=0, le=2**53 - 1)
-    memory_limit_bytes: int | None = Field(None, ge=1)
+    memory_limit_bytes: int | None = Field(None, ge=1, le=MAX_MEMORY_LIMIT_BYTES)
     verify_gradients: StrictBool = True
     memory_snapshot: StrictBool = False
     timeout_s: float | None = Field(None, gt=0, le=7 * 24 * 3600)

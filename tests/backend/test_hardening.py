@@ -11,7 +11,7 @@ import sys
 import pytest
 from sqlalchemy.exc import IntegrityError
 
-from ckptlab.limits import estimate_param_count
+from ckptlab.limits import estimate_fixed_bytes, estimate_param_count
 from ckptlab.settings import Settings
 from ckptlab.spec import ExperimentSpec
 from tests.factories import spec_dict
@@ -27,6 +27,7 @@ def count(client) -> int:
         ({"steps": 50}, {"max_steps": 20}, ["body", "steps"]),
         ({"batch_size": 512}, {"max_batch_size": 256}, ["body", "batch_size"]),
         ({"model.width": 4096, "model.depth": 64}, {"max_param_count": 10_000_000}, ["body", "model"]),
+        ({"model.width": 1024, "model.depth": 8}, {"worker_memory_bytes": 64 * 2**20}, ["body", "model"]),
     ],
 )
 def test_specs_over_server_limits_get_422_naming_the_field(make_client, overrides, limits, loc):
@@ -56,6 +57,41 @@ def test_parameter_estimate_matches_the_models_the_worker_builds():
         assert estimate_param_count(spec) == sum(p.numel() for p in built.module.parameters()), m
     custom = ExperimentSpec.model_validate({"model": {"kind": "custom", "name": "x", "depth": 2}})
     assert estimate_param_count(custom) is None
+
+
+def test_admission_control_gives_the_fixed_memory_estimate(make_client):
+    # 8 x 1024-wide layers: 8.4 M parameters; x 4 B x (param + grad + Adam's 2 states) = 135 MB.
+    c = make_client(worker_memory_bytes=100 * 2**20)
+    big = spec_dict(**{"model.width": 1024, "model.depth": 8})
+    fixed = estimate_fixed_bytes(ExperimentSpec.model_validate(big))
+    r = c.post("/api/experiments", json=big)
+    assert r.status_code == 422
+    (error,) = [e for e in r.json()["detail"] if e["loc"] == ["body", "model"]]
+    assert f"{fixed:,} bytes" in error["msg"] and "adam state" in error["msg"], error
+    assert count(c) == 0
+    # Without Adam's two states the same model fits (param + grad = 67 MB): 201.
+    assert c.post("/api/experiments", json={**big, "optimizer": "sgd"}).status_code == 201
+    # memory_limit_bytes has an upper bound in the schema (1 PiB).
+    r = c.post("/api/experiments", json=spec_dict(memory_limit_bytes=2**50 + 1))
+    assert r.status_code == 422 and ["body", "memory_limit_bytes"] in [e["loc"] for e in r.json()["detail"]]
+    assert count(c) == 1
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_fixed_memory_estimate_is_what_the_engine_measures(optimizer):
+    from worker.engine import run_experiment
+
+    spec = ExperimentSpec.model_validate(spec_dict(optimizer=optimizer))
+    summary = run_experiment(spec)
+    # After the first step: the fp32 parameters and the optimizer state as the tracker saw them.
+    at_forward_end = summary["memory_at_forward_end"]
+    params, state = at_forward_end["parameters"], at_forward_end["optimizer_state"]
+    assert params == 4 * estimate_param_count(spec)
+    measured = 2 * params + state  # a gradient per parameter after backward
+    estimate = estimate_fixed_bytes(spec)
+    # Exact but for Adam's scalar step tensors (4 B per parameter tensor), left out on purpose.
+    assert estimate <= measured <= estimate * 1.001, (estimate, measured)
+    assert (state > 0) == (optimizer == "adam")
 
 
 def test_large_bodies_get_413(make_client):
