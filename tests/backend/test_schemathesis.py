@@ -1,10 +1,17 @@
 """Property-based API test (schemathesis 4): generated requests for every operation of the
 OpenAPI schema, valid and invalid, under every check schemathesis has (server errors,
 status codes, content types, response schemas, headers, Allow on 405, negative data
-rejected, ...). Stateful sequences are not run here: schemathesis's state machine draws
-from the API's changing state, which hypothesis reports as inconsistent data generation
-(FlakyStrategyDefinition) on replay. The live streams are left out: a stream of a
-running experiment never ends on its own (tests/backend/test_stream.py covers them).
+rejected, ...), one operation at a time and then as stateful sequences that follow the
+links schemathesis infers (create an experiment or a sweep, then read, cancel, export it).
+
+Each stateful sequence runs on a fresh database: the state machine draws its next step from
+the API's answers, and on a database shared across sequences the ids and lists differ on
+replay, which hypothesis reports as inconsistent data generation (FlakyStrategyDefinition).
+
+Left out: the live streams (a stream of a running experiment never ends on its own;
+tests/backend/test_stream.py covers them); and, in sequences only, the memory snapshot of an
+experiment (it is created by a CUDA run, not by the POST, so "404 for a created resource"
+is the right answer there; the single-operation test still calls it).
 
 One check is excluded: ``positive_data_acceptance``. The API has cross-field rules that
 JSON Schema cannot state (``checkpoint.segments`` at most ``model.depth``, ``warmup_steps``
@@ -45,12 +52,34 @@ def _app():
 schema = schemathesis.openapi.from_asgi("/openapi.json", _app()).exclude(path_regex=r"/events$")
 
 
+EXAMPLES = int(os.environ.get("CKPTLAB_SCHEMATHESIS_EXAMPLES", "12"))
+HYPOTHESIS = dict(deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+
+
 @schema.parametrize()
-@settings(
-    max_examples=int(os.environ.get("CKPTLAB_SCHEMATHESIS_EXAMPLES", "12")),
-    deadline=None,
-    suppress_health_check=list(HealthCheck),
-    derandomize=True,
-)
+@settings(max_examples=EXAMPLES, **HYPOTHESIS)
 def test_api_never_errors_and_keeps_to_its_schema(case):
     case.call_and_validate(excluded_checks=EXCLUDED)
+
+
+class APIWorkflow(schema.exclude(path_regex=r"/snapshot$").as_state_machine()):
+    """Sequences of linked calls, each on a fresh app and database, under the same checks."""
+
+    def setup(self) -> None:
+        self.app = _app()
+
+    def get_call_kwargs(self, case):
+        return {"app": self.app}
+
+    def validate_response(self, response, case, additional_checks=None, **kwargs) -> None:
+        case.validate_response(
+            response,
+            additional_checks=additional_checks,
+            excluded_checks=EXCLUDED,
+            transport_kwargs=kwargs or None,
+            recorder=self.recorder,
+        )
+
+
+APIWorkflow.TestCase.settings = settings(max_examples=4 * EXAMPLES, stateful_step_count=8, **HYPOTHESIS)
+TestAPIWorkflow = APIWorkflow.TestCase
