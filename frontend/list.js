@@ -25,6 +25,7 @@ let pollTimer = null;
 let lastKey = null;
 let lastSweepsKey = null;
 let rows = [];
+let refreshSeq = 0;
 const streams = new Map(); // url -> LiveStream
 
 function num(v) {
@@ -208,14 +209,17 @@ function closeStreams() {
   $('live-indicator').hidden = true;
 }
 
+/** Load and draw the lists; of overlapping calls only the latest draws (a slow answer to an
+ * earlier filter never replaces a newer one), and it schedules the next poll. */
 async function refresh() {
   if (!active) return;
   clearTimeout(pollTimer);
+  const seq = ++refreshSeq;
   const s = state();
   let covered = false;
   try {
     const [er, sr] = await Promise.all([api(`/api/experiments?${query(s)}`), api('/api/sweeps?limit=8')]);
-    if (!active) return;
+    if (!active || seq !== refreshSeq) return;
     if (er.ok && er.body) {
       const key = JSON.stringify([er.body, s]);
       if (key !== lastKey) {
@@ -236,7 +240,9 @@ async function refresh() {
   } catch (_) {
     // connection banner shown by api(); keep polling
   }
-  if (active && document.visibilityState === 'visible') pollTimer = setTimeout(refresh, covered ? POLL_COVERED_MS : POLL_MS);
+  if (active && seq === refreshSeq && document.visibilityState === 'visible') {
+    pollTimer = setTimeout(refresh, covered ? POLL_COVERED_MS : POLL_MS);
+  }
 }
 
 // ------------------------------------------------------------------ view
