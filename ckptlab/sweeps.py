@@ -4,8 +4,10 @@ database, no process).
 :func:`plan_sweep` expands ``axes`` into the cartesian product of runs (each validated with
 :class:`ckptlab.spec.ExperimentSpec`; a combination that does not validate is reported, not
 dropped) and adds one ``none`` baseline (``checkpoint.strategy = "none"``) for every
-combination of the axes that are not checkpoint settings (paths outside ``checkpoint.``).
-The backend stores a plan with :func:`ckptlab.db.store.create_sweep` and answers a dry run
+combination of the axes that are not checkpoint settings (paths outside ``checkpoint.``),
+queued first and again after every other run, so that the step-time overheads are taken
+against both and a drift of the machine's speed during the sweep shows. The backend
+stores a plan with :func:`ckptlab.db.store.create_sweep` and answers a dry run
 with the plan itself.
 """
 
@@ -70,11 +72,15 @@ class PlannedRun:
         values: the axis values of this run (dotted path -> value).
         spec: the validated spec.
         baseline: it is the ``none`` baseline of its non-checkpoint axis values.
+        repeat: it is the second run of a baseline, queued after every other run so that
+            a drift of the machine's speed during the sweep shows (issue: "or repeat the
+            baseline so drift shows").
     """
 
     values: dict[str, Any]
     spec: ExperimentSpec
     baseline: bool = False
+    repeat: bool = False
 
 
 @dataclass
@@ -82,12 +88,14 @@ class SweepPlan:
     """The expansion of a sweep request.
 
     Attributes:
-        runs: valid runs, baselines first, then the product in axis order.
+        runs: valid runs, baselines first, then the product in axis order, then each
+            baseline again (``repeat``) when the sweep has runs to compare with it.
         invalid: combinations that did not validate:
             ``{"values": {...}, "baseline": bool, "errors": [{"loc": [...], "msg": ...}]}``.
         combinations: size of the cartesian product of the axes.
         baselines: ``none`` baselines asked for (one per combination of the axes outside
-            ``checkpoint.``).
+            ``checkpoint.``), not counting their repeats.
+        repeats: baselines queued a second time, at the end.
         duplicates: valid combinations whose spec equals an earlier run's (queued once).
     """
 
@@ -95,6 +103,7 @@ class SweepPlan:
     invalid: list[dict[str, Any]] = field(default_factory=list)
     combinations: int = 0
     baselines: int = 0
+    repeats: int = 0
     duplicates: int = 0
 
 
@@ -257,12 +266,13 @@ def plan_sweep(
     other = [p for p in paths if not is_checkpoint_axis(p)]
     combinations = math.prod(len(axes[p]) for p in paths)
     baselines = math.prod(len(axes[p]) for p in other)
-    if combinations + baselines > max_size:
+    if combinations + 2 * baselines > max_size:
         raise SweepError(
             [
                 {
                     "loc": ["axes"],
-                    "msg": f"the sweep would queue {combinations} runs and {baselines} baselines, "
+                    "msg": f"the sweep would queue {combinations} runs and {baselines} baselines "
+                    "(each run twice), "
                     f"over this server's limit of {max_size}",
                     "type": "sweep_too_large",
                 }
@@ -295,6 +305,11 @@ def plan_sweep(
     if not any(valid):
         examples = [e for e in plan.invalid if not e["baseline"]][:5]
         raise SweepError(_no_valid_errors(examples, combinations, paths))
+    if any(not r.baseline for r in plan.runs):  # something to compare: time the baselines again last
+        firsts = [r for r in plan.runs if r.baseline]
+        repeats = [PlannedRun(values=r.values, spec=r.spec, baseline=True, repeat=True) for r in firsts]
+        plan.runs.extend(repeats)
+        plan.repeats = len(repeats)
     return plan
 
 

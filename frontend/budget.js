@@ -78,7 +78,7 @@ function num(v) {
  * step time is within `overheadPct` of its baseline. Only succeeded experiments count, and
  * only those whose gradients did not differ from the un-checkpointed run are recommended
  * (a setting that changes the gradients is a bug, however fast); the baseline (no
- * checkpointing) is a configuration like any other.
+ * checkpointing) is a configuration like any other, its second run (`repeat_of`) not.
  * @returns {{candidates: number, excluded: number, fitting: Set<number>|null, recommended: object|null,
  *   smallest: object|null, fastest: object|null, leanest: object|null}}
  */
@@ -86,7 +86,8 @@ export function recommend(rows, { budget = null, overheadPct = null } = {}) {
   const measured = rows.filter(
     (r) => r.status === STATUS.SUCCEEDED && num(r.metrics.peak_allocated_bytes) !== null && num(r.metrics.step_time_ms) !== null,
   );
-  const candidates = measured.filter((r) => r.gradients_match !== false);
+  // A baseline's second run is the same setting timed again (its drift), not a choice.
+  const candidates = measured.filter((r) => r.gradients_match !== false && r.repeat_of == null);
   const byTime = (a, b) =>
     a.metrics.step_time_ms - b.metrics.step_time_ms ||
     a.metrics.peak_allocated_bytes - b.metrics.peak_allocated_bytes ||

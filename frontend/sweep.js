@@ -88,6 +88,10 @@ function renderTable() {
           r.status === STATUS.SUCCEEDED && num(v) ? el('span', { class: 'muted small' }, ` ${fmtDiff(v)}`) : '');
       }
       if (x.bytes) return el('td', { class: 'num', title: num(v) !== null ? `${fmtInt(v)} bytes` : null }, fmtBytes(v));
+      if (x.key === 'overhead' && r.repeat_of != null) { // a baseline's second run: its drift from the first
+        const drift = !r.overhead ? '—' : r.overhead.measurable ? `drift ${fmtPct(r.overhead.estimate_pct)}` : 'no measurable drift';
+        return el('td', { class: 'num muted', title: r.overhead_text }, drift);
+      }
       if (x.key === 'overhead' && r.overhead && !r.overhead.measurable) {
         return el('td', { class: 'num muted', title: r.overhead_text }, 'no measurable difference');
       }

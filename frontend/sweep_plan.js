@@ -84,7 +84,8 @@ function render(spec, axes, r) {
     el('div', { class: 'muted small' }, `${modelLabel(spec)} · batch ${spec.batch_size ?? 'varied'} · ${spec.steps ?? '?'} steps on ${spec.device}`),
     el('div', { class: 'small' },
       `${plural(runs, ['run', 'runs'])} (${factors.join(' × ')}) + ${plural(baselines, ['baseline', 'baselines'])} `,
-      el('span', { class: 'muted' }, `(strategy none, one per ${plan.baselines > 1 ? 'combination of AMP / batch size' : 'sweep'})`)),
+      el('span', { class: 'muted' }, `(strategy none, one per ${plan.baselines > 1 ? 'combination of AMP / batch size' : 'sweep'}`
+        + `${plan.repeats ? ', run first and again last so that drift shows' : ''})`)),
   );
   const items = [];
   if (plan.duplicates) {

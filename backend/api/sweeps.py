@@ -65,6 +65,7 @@ def _public(session: Session, sweep: Sweep) -> SweepPublic:
             values=r.values,
             label=r.label,
             baseline_id=r.baseline_id,
+            repeat_of=r.repeat_of,
             attempt=by_id[r.experiment_id].attempt,
             summary=by_id[r.experiment_id].summary,
             error=by_id[r.experiment_id].error,
@@ -88,6 +89,7 @@ def _plan_public(plan: planning.SweepPlan) -> SweepPlanPublic:
     return SweepPlanPublic(
         combinations=plan.combinations,
         baselines=plan.baselines,
+        repeats=plan.repeats,
         total=len(plan.runs),
         duplicates=plan.duplicates,
         runs=[
@@ -95,6 +97,7 @@ def _plan_public(plan: planning.SweepPlan) -> SweepPlanPublic:
                 values=r.values,
                 label=planning.axis_label(r.values),
                 baseline=r.baseline,
+                repeat=r.repeat,
                 spec=r.spec.model_dump(mode="json"),
             )
             for r in plan.runs

@@ -156,6 +156,7 @@ class SweepExperimentPublic(BaseModel):
     values: dict[str, Any] = Field(description="axis path -> this experiment's value")
     label: str
     baseline_id: int | None = Field(description="the 'none' baseline this run is compared with")
+    repeat_of: int | None = Field(None, description="for a baseline's second run: the first run's id")
     attempt: int
     summary: dict[str, Any] | None
     error: str | None
@@ -238,6 +239,9 @@ class SweepResultPublic(BaseModel):
     label: str
     values: dict[str, Any]
     baseline_id: int | None
+    repeat_of: int | None = Field(
+        None, description="for a baseline's second run: the first run's experiment id; its overhead is the drift"
+    )
     metrics: dict[str, float | None] = Field(
         description="activation_bytes, peak_allocated_bytes, recompute_peak_bytes (bytes); step_time_ms, "
         "forward_ms, backward_ms, optimizer_ms (ms); grad_max_abs_diff, loss_diff, final_loss; "
@@ -293,6 +297,7 @@ class PlannedRunPublic(BaseModel):
     values: dict[str, Any] = Field(description="axis path -> this run's value")
     label: str
     baseline: bool = Field(description="it is the 'none' baseline of its non-checkpoint values")
+    repeat: bool = Field(False, description="a baseline's second run, queued last so that drift shows")
     spec: dict[str, Any] = Field(description="the validated spec, defaults filled in")
 
 
@@ -303,7 +308,8 @@ class SweepPlanPublic(BaseModel):
         {
             "combinations": 4,
             "baselines": 1,
-            "total": 5,
+            "repeats": 1,
+            "total": 6,
             "duplicates": 0,
             "runs": [
                 {
@@ -319,6 +325,7 @@ class SweepPlanPublic(BaseModel):
 
     combinations: int = Field(description="size of the product of the axes")
     baselines: int = Field(description="'none' baselines: one per combination of the non-checkpoint axes")
+    repeats: int = Field(0, description="baselines queued a second time, after the runs, so that drift shows")
     total: int = Field(description="experiments the sweep would queue (runs and baselines, duplicates once)")
     duplicates: int = Field(description="valid combinations whose spec equals an earlier one (queued once)")
     runs: list[PlannedRunPublic]

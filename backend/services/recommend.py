@@ -2,7 +2,9 @@
 
 Rules (issue: "a recommendation that never acts on noise"):
 
-- Only succeeded runs whose gradients were not found to differ are candidates.
+- Only succeeded runs whose gradients were not found to differ are candidates; a baseline's
+  second run is not one (its timed steps join the first run's, see
+  :func:`backend.services.sweeps.sweep_rows`).
 - A checkpointing setting counts as saving memory only when its peak is lower than its
   baseline's by more than :data:`~ckptlab.explain.SAVING_THRESHOLD` (1%) and
   :data:`~ckptlab.explain.SAVING_FLOOR_BYTES` (4 KiB), and its activations are too: a
@@ -114,6 +116,9 @@ def recommend(rows: Sequence[SweepRow], *, budget_bytes: int | None = None) -> R
             excluded.append({"experiment_id": r.experiment_id, "label": r.label, "why": f"status {r.status}"})
         elif r.gradients_match is False:
             excluded.append({"experiment_id": r.experiment_id, "label": r.label, "why": "its gradients differ"})
+        elif r.repeat_of is not None:
+            why = f"second run of baseline {r.repeat_of}: its step times join the baseline's, and show drift"
+            excluded.append({"experiment_id": r.experiment_id, "label": r.label, "why": why})
         else:
             candidates.append(r)
     baselines = [r for r in candidates if r.role == "baseline"]

@@ -115,7 +115,9 @@ class SweepRow:
         values: axis path -> value (checkpoint axes are None for baselines, except
             ``checkpoint.strategy``).
         group: the values of the non-checkpoint axes (which baseline applies).
-        baseline_id: the experiment id of the matching baseline, or None.
+        baseline_id: the experiment id of the matching baseline (its first run), or None.
+        repeat_of: for a baseline's second run (queued after the sweep's runs), the first
+            run's experiment id; None otherwise.
         metrics: numbers from the summary (:data:`ROW_METRICS`; missing keys are None) plus
             ``overhead_pct`` (step time over the baseline's, %) and
             ``activation_saving_pct`` (activation bytes saved against the baseline, %).
@@ -126,12 +128,15 @@ class SweepRow:
             first (none, then sequential with fewer segments, per_block, selective, offload).
         overhead: the step-time overhead against the baseline with its bootstrap 95% CI
             (:class:`ckptlab.stats.RatioInterval` as a dict), from the timed steps of both
-            (``summary["step_times_ms"]``); None without samples.
+            (``summary["step_times_ms"]``; the baseline's from all its succeeded runs, so a
+            drift between its first and second run widens the interval); None without
+            samples. For a baseline's second run: its drift against the first run.
         overhead_text: it in words: ``"+18% (95% CI +12% to +25%)"`` or ``"no measurable
             difference (95% CI -3% to +4%)"``.
         findings: the summary's finding codes; ``peak_phase`` and ``peak_explanation``
             from the summary.
-        step_times_ms: the timed step times (ms), for comparing two rows.
+        step_times_ms: the timed step times (ms), for comparing two rows; for a baseline's
+            first run, those of all its succeeded runs.
     """
 
     experiment_id: int
@@ -145,6 +150,7 @@ class SweepRow:
     error: str | None
     label: str
     strategy: str = "none"
+    repeat_of: int | None = None
     simplicity: tuple = ()
     overhead: dict[str, Any] | None = None
     overhead_text: str | None = None
@@ -173,14 +179,16 @@ def _samples(summary: Mapping[str, Any]) -> list[float]:
     return [float(v) for v in values if _number(v) is not None]
 
 
-def overhead_words(interval: RatioInterval | None) -> str | None:
-    """An overhead in words; "no measurable difference" when its 95% CI contains 0."""
+def overhead_words(interval: RatioInterval | None, *, drift: bool = False) -> str | None:
+    """An overhead in words; "no measurable difference" when its 95% CI contains 0.
+
+    With ``drift``: the same for a baseline's second run against its first ("drift: ...").
+    """
     if interval is None:
         return None
     ci = f"95% CI {interval.low_pct:+.0f}% to {interval.high_pct:+.0f}%"
-    if not interval.measurable:
-        return f"no measurable difference ({ci})"
-    return f"{interval.estimate_pct:+.0f}% ({ci})"
+    text = f"{interval.estimate_pct:+.0f}% ({ci})" if interval.measurable else f"no measurable difference ({ci})"
+    return f"drift since the first baseline run: {text}" if drift else text
 
 
 def _group_key(values: Mapping[str, Any]) -> str:
@@ -228,13 +236,25 @@ def sweep_rows(sweep: Sweep) -> list[SweepRow]:
                 step_times_ms=_samples(summary),
             )
         )
-    baselines: dict[str, SweepRow] = {}
+    groups: dict[str, list[SweepRow]] = {}
     for r in rows:
         if r.role == "baseline":
-            key = _group_key(r.group)
-            # Prefer a succeeded baseline when the group has several.
-            if key not in baselines or (baselines[key].status != Status.SUCCEEDED and r.status == Status.SUCCEEDED):
-                baselines[key] = r
+            groups.setdefault(_group_key(r.group), []).append(r)
+    baselines: dict[str, SweepRow] = {}
+    for key, runs in groups.items():
+        # The first succeeded run of the group's baseline (else its first); later ones repeat it.
+        first = next((b for b in runs if b.status == Status.SUCCEEDED), runs[0])
+        baselines[key] = first
+        own = first.step_times_ms
+        for b in runs:
+            if b is not first:
+                b.repeat_of = first.experiment_id
+                b.label = f"{b.label} (again)"
+                if b.status == Status.SUCCEEDED:
+                    first.step_times_ms = first.step_times_ms + b.step_times_ms
+                    drift = ratio_ci(own, b.step_times_ms)
+                    b.overhead = drift.as_dict() if drift else None
+                    b.overhead_text = overhead_words(drift, drift=True)
     for r in rows:
         b = baselines.get(_group_key(r.group))
         r.baseline_id = b.experiment_id if b else None
@@ -244,9 +264,12 @@ def sweep_rows(sweep: Sweep) -> list[SweepRow]:
         r.metrics["activation_saving_pct"] = 100.0 * (1.0 - a / ba) if a is not None and ba else None
         p, bp = r.metrics["peak_allocated_bytes"], b.metrics["peak_allocated_bytes"] if b else None
         r.metrics["peak_saving_pct"] = 100.0 * (1.0 - p / bp) if p is not None and bp else None
-        interval = ratio_ci(b.step_times_ms, r.step_times_ms) if b is not None and b is not r else None
-        r.overhead = interval.as_dict() if interval else None
-        r.overhead_text = overhead_words(interval)
+        interval = None  # a baseline's first run has none; its second run's is its drift (above)
+        if r.role == "run" and b is not None:
+            interval = ratio_ci(b.step_times_ms, r.step_times_ms)
+            r.overhead, r.overhead_text = (interval.as_dict() if interval else None), overhead_words(interval)
+            if interval:
+                r.metrics["overhead_pct"] = interval.estimate_pct  # against all the baseline's runs
         r.metrics["overhead_low_pct"] = interval.low_pct if interval else None
         r.metrics["overhead_high_pct"] = interval.high_pct if interval else None
     return rows

@@ -45,7 +45,7 @@ def test_queries_series_and_streams_on_both_databases(any_database_url, data_dir
 
         body = {"name": "pg", "base": spec_dict(**{"checkpoint.strategy": "sequential"}), "axes": {"amp": ["off"]}}
         sweep = client.post("/api/sweeps", json=body)
-        assert sweep.status_code == 201 and sweep.json()["progress"]["total"] == 2
+        assert sweep.status_code == 201 and sweep.json()["progress"]["total"] == 3  # baseline, run, baseline
         assert client.get(f"/api/sweeps/{sweep.json()['id']}/results?format=csv").status_code == 200
         csv_text = client.get(f"/api/experiments/{run.id}/steps?format=csv").text
         assert len(csv_text.strip().splitlines()) == 3001

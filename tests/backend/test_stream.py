@@ -72,7 +72,7 @@ def test_sweep_stream_reports_each_experiment_and_progress(client, db_session):
     }
     sweep = client.post("/api/sweeps", json=body).json()
     ids = [e["id"] for e in sweep["experiments"]]
-    assert len(ids) == 3  # one baseline, two runs
+    assert len(ids) == 4  # one baseline, two runs, the baseline again
     for _ in ids:  # run each "by hand": claim, one step, finish
         exp = queue.claim_next(db_session, worker_id="test:1")
         add_steps(db_session, exp, [1])
@@ -83,7 +83,7 @@ def test_sweep_stream_reports_each_experiment_and_progress(client, db_session):
     statuses = {e.data["experiment_id"]: e.data["status"] for e in events if e.event == "status"}
     assert statuses == dict.fromkeys(ids, "succeeded")
     progress = [e for e in events if e.event == "progress"]
-    assert progress[-1].data["finished"] == progress[-1].data["total"] == 3
+    assert progress[-1].data["finished"] == progress[-1].data["total"] == 4
     assert events[-1].event == "end"
 
 

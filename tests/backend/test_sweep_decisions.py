@@ -53,7 +53,7 @@ def test_a_sweep_whose_peak_is_adams_step_does_not_pick_segments_1_and_says_why(
         return s if s["progress"]["finished"] == s["progress"]["total"] else None
 
     sweep = wait_for(finished, timeout=180, interval=0.5)
-    assert sweep["progress"]["counts"]["succeeded"] == 4, [(e["label"], e["error"]) for e in sweep["experiments"]]
+    assert sweep["progress"]["counts"]["succeeded"] == 5, [(e["label"], e["error"]) for e in sweep["experiments"]]
     rows = {r["label"]: r for r in client.get(f"/api/sweeps/{sid}/results").json()["data"]}
     assert rows["segments=4"]["metrics"]["activation_saving_pct"] > 0  # activations fall ...
     assert all(r["peak_phase"] == "optimizer" for r in rows.values())  # ... the peak does not
@@ -61,3 +61,7 @@ def test_a_sweep_whose_peak_is_adams_step_does_not_pick_segments_1_and_says_why(
     rec = client.get(f"/api/sweeps/{sid}/recommendation").json()
     assert rec["label"] != "segments=1" and rec["reason"].startswith("nothing beats the baseline")
     assert "optimizer.step" in rec["reason"]
+    # The baseline ran first and again last; its second run is not a candidate, it shows drift.
+    again = rows["base (again)"]
+    assert again["repeat_of"] == rows["base"]["experiment_id"] and again["overhead_text"].startswith("drift since")
+    assert again["experiment_id"] in [x["experiment_id"] for x in rec["excluded"]]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import io
 import itertools
+import statistics
 
 import pytest
 
@@ -26,11 +27,16 @@ def test_plan_expands_the_product_and_adds_a_baseline_per_non_checkpoint_combina
     }
     plan = plan_sweep(SEQ, axes)
     assert plan.combinations == 16 and plan.invalid == []
-    baselines = [r for r in plan.runs if r.baseline]
+    baselines = [r for r in plan.runs if r.baseline and not r.repeat]
     runs = [r for r in plan.runs if not r.baseline]
     assert plan.runs[:2] == baselines  # baselines are queued first
     assert [(b.spec.checkpoint.strategy, b.spec.amp) for b in baselines] == [("none", "off"), ("none", "bf16")]
     assert len(runs) == 16
+    # ... and again last, so that a drift of the machine's speed during the sweep shows.
+    repeats = plan.runs[-2:]
+    assert all(r.repeat and r.baseline for r in repeats) and plan.repeats == 2
+    assert [r.spec for r in repeats] == [b.spec for b in baselines]
+    assert len(plan.runs) == 16 + 2 + 2
     got = {(r.spec.checkpoint.segments, r.spec.checkpoint.preserve_rng_state, r.spec.amp) for r in runs}
     assert got == set(itertools.product([1, 2, 4, 8], [True, False], ["off", "bf16"]))
     assert all(r.spec.checkpoint.strategy == "sequential" and r.spec.model.depth == 8 for r in runs)
@@ -43,13 +49,20 @@ def test_plan_reports_invalid_combinations_instead_of_dropping_them():
     assert bad["values"] == {"checkpoint.segments": 16, "model.depth": 8} and bad["baseline"] is False
     assert bad["errors"][0]["loc"] == ["checkpoint", "segments"]
     runs = [r for r in plan.runs if not r.baseline]
-    assert len(runs) == 3 and sum(r.baseline for r in plan.runs) == 2  # a baseline per depth
+    assert len(runs) == 3 and sum(r.baseline and not r.repeat for r in plan.runs) == 2  # a baseline per depth
 
 
 def test_plan_does_not_duplicate_a_run_that_is_its_own_baseline():
     plan = plan_sweep(SEQ, {"checkpoint.strategy": ["none", "sequential"], "batch_size": [4, 8]})
-    assert len(plan.runs) == 4  # 2 baselines (= the 'none' runs) + 2 sequential
-    assert sorted(r.spec.checkpoint.strategy for r in plan.runs) == ["none", "none", "sequential", "sequential"]
+    firsts = [r for r in plan.runs if not r.repeat]
+    assert len(firsts) == 4  # 2 baselines (= the 'none' runs) + 2 sequential
+    assert sorted(r.spec.checkpoint.strategy for r in firsts) == ["none", "none", "sequential", "sequential"]
+    assert plan.repeats == 2
+
+
+def test_a_sweep_of_baselines_only_repeats_nothing():
+    plan = plan_sweep(SEQ, {"checkpoint.strategy": ["none"], "batch_size": [4, 8]})
+    assert len(plan.runs) == 2 and plan.repeats == 0
 
 
 @pytest.mark.parametrize(
@@ -72,8 +85,9 @@ def test_plan_errors():
         plan_sweep(SEQ, {"checkpoint.segmnts": [1, 2]})
     assert exc.value.errors[0]["loc"] == ["axes", "checkpoint.segmnts"]
     with pytest.raises(SweepError) as exc:
-        plan_sweep(SEQ, {"checkpoint.segments": [1, 2, 3], "batch_size": [1, 2, 3, 4]}, max_size=15)
-    assert "limit of 15" in exc.value.errors[0]["msg"]  # 12 runs + 4 baselines
+        plan_sweep(SEQ, {"checkpoint.segments": [1, 2, 3], "batch_size": [1, 2, 3, 4]}, max_size=19)
+    assert "limit of 19" in exc.value.errors[0]["msg"]  # 12 runs + 4 baselines, each twice
+    assert len(plan_sweep(SEQ, {"checkpoint.segments": [1, 2, 3], "batch_size": [1, 2, 3, 4]}, max_size=20).runs) == 20
     with pytest.raises(SweepError) as exc:
         plan_sweep(SEQ, {"checkpoint.segments": [9, 10]})
     assert exc.value.errors[0]["loc"] == ["axes", "checkpoint.segments"]
@@ -91,10 +105,10 @@ def test_create_and_read_a_sweep(client):
     sweep = r.json()
     assert len(sweep["invalid"]) == 2 and {i["values"]["checkpoint.segments"] for i in sweep["invalid"]} == {16}
     assert sweep["progress"] == {
-        "total": 6,
+        "total": 8,
         "finished": 0,
         "counts": {
-            "queued": 6,
+            "queued": 8,
             "running": 0,
             "succeeded": 0,
             "failed": 0,
@@ -104,7 +118,7 @@ def test_create_and_read_a_sweep(client):
         },
     }
     roles = [e["role"] for e in sweep["experiments"]]
-    assert roles.count("baseline") == 2 and roles.count("run") == 4
+    assert roles.count("baseline") == 4 and roles.count("run") == 4  # each baseline twice
     run = next(e for e in sweep["experiments"] if e["values"] == {"checkpoint.segments": 4, "amp": "bf16"})
     base = next(e for e in sweep["experiments"] if e["id"] == run["baseline_id"])
     assert base["role"] == "baseline" and base["values"] == {"checkpoint.segments": None, "amp": "bf16"}
@@ -112,7 +126,7 @@ def test_create_and_read_a_sweep(client):
         assert client.get(f"/api/experiments/{e['id']}").json()["sweep_id"] == sweep["id"]
     assert client.get(f"/api/sweeps/{sweep['id']}").json() == sweep
     listing = client.get("/api/sweeps").json()
-    assert listing["count"] == 1 and listing["data"][0]["progress"]["total"] == 6
+    assert listing["count"] == 1 and listing["data"][0]["progress"]["total"] == 8
 
 
 @pytest.mark.parametrize(
@@ -142,8 +156,9 @@ def test_a_dry_run_returns_the_plan_and_stores_nothing(client):
     assert (plan["combinations"], plan["baselines"]) == (6, 2)
     # segments=16 is over depth 8: invalid, not queued; the dry run counts what creation queues
     assert {i["values"]["checkpoint.segments"] for i in plan["invalid"]} == {16}
-    assert plan["total"] == len(plan["runs"]) == 6
-    assert [r["baseline"] for r in plan["runs"]].count(True) == 2
+    assert plan["total"] == len(plan["runs"]) == 8 and plan["repeats"] == 2
+    assert [r["baseline"] for r in plan["runs"]].count(True) == 4
+    assert [r["repeat"] for r in plan["runs"]] == [False] * 6 + [True] * 2
     assert all(r["spec"]["checkpoint"]["strategy"] in ("none", "sequential") for r in plan["runs"])
     assert client.get("/api/sweeps").json()["count"] == 0
     assert client.get("/api/experiments").json()["count"] == 0
@@ -154,7 +169,7 @@ def test_a_dry_run_returns_the_plan_and_stores_nothing(client):
 def test_a_dry_run_counts_a_run_equal_to_its_baseline_once(client):
     body = sweep_body(**{"checkpoint.strategy": ["none", "sequential"]})
     plan = client.post("/api/sweeps?dry_run=true", json=body).json()
-    assert (plan["total"], plan["duplicates"]) == (2, 1)
+    assert (plan["total"], plan["duplicates"], plan["repeats"]) == (3, 1, 1)
 
 
 def test_a_dry_run_of_a_bad_sweep_is_the_same_422(client):
@@ -184,7 +199,8 @@ def test_cancel_a_sweep(client, db_session):
     assert r.status_code == 200
     body = r.json()
     assert body["cancelled"] is True
-    assert body["progress"]["counts"]["cancelled"] == 2 and body["progress"]["counts"]["running"] == 1
+    # 2 runs and the baseline's second run cancelled
+    assert body["progress"]["counts"]["cancelled"] == 3 and body["progress"]["counts"]["running"] == 1
     assert client.post("/api/sweeps/999/cancel").status_code == 404
     assert client.get("/api/sweeps/999").status_code == 404
 
@@ -207,9 +223,13 @@ def test_worker_runs_a_2x2x2_sweep_and_its_charts_hold_the_expected_traces(clien
         return s if s["progress"]["finished"] == s["progress"]["total"] else None
 
     sweep = wait_for(finished, timeout=240, interval=0.5)
-    assert sweep["progress"]["counts"]["succeeded"] == 10, [(e["label"], e["error"]) for e in sweep["experiments"]]
+    # 8 runs and 2 baselines, each baseline twice (first and last)
+    assert sweep["progress"]["counts"]["succeeded"] == 12, [(e["label"], e["error"]) for e in sweep["experiments"]]
     exps = sweep["experiments"]
-    base = {e["values"]["amp"]: e for e in exps if e["role"] == "baseline"}
+    base = {e["values"]["amp"]: e for e in exps if e["role"] == "baseline" and e["repeat_of"] is None}
+    again = {e["values"]["amp"]: e for e in exps if e["role"] == "baseline" and e["repeat_of"] is not None}
+    assert {a: e["repeat_of"] for a, e in again.items()} == {a: e["id"] for a, e in base.items()}
+    assert max(e["id"] for e in exps) in {e["id"] for e in again.values()}  # queued last
     runs = {
         (e["values"]["checkpoint.segments"], e["values"]["checkpoint.preserve_rng_state"], e["values"]["amp"]): e
         for e in exps
@@ -249,13 +269,14 @@ def test_worker_runs_a_2x2x2_sweep_and_its_charts_hold_the_expected_traces(clien
     time_chart = chart("time_vs_segments")
     assert set(time_chart) == {f"overhead {label(rng, amp)}" for rng, amp in combos}
     for rng, amp in combos:
-        t_base = base[amp]["summary"]["step_time_ms"]
-        want = [100 * (runs[(n, rng, amp)]["summary"]["step_time_ms"] / t_base - 1) for n in (2, 4)]
+        # Against the timed steps of both runs of the baseline.
+        t_base = statistics.median(base[amp]["summary"]["step_times_ms"] + again[amp]["summary"]["step_times_ms"])
+        want = [100 * (statistics.median(runs[(n, rng, amp)]["summary"]["step_times_ms"]) / t_base - 1) for n in (2, 4)]
         assert time_chart[f"overhead {label(rng, amp)}"]["y"] == pytest.approx(want)
 
     pareto = chart("pareto")
     assert set(pareto) == {"baseline", "runs", "pareto frontier"}
-    assert len(pareto["runs"]["x"]) == 8 and len(pareto["baseline"]["x"]) == 2
+    assert len(pareto["runs"]["x"]) == 8 and len(pareto["baseline"]["x"]) == 4
     front = list(zip(pareto["pareto frontier"]["x"], pareto["pareto frontier"]["y"], strict=True))
     xs, ys = pareto["runs"]["x"] + pareto["baseline"]["x"], pareto["runs"]["y"] + pareto["baseline"]["y"]
     points = list(zip(xs, ys, strict=True))
@@ -270,7 +291,9 @@ def test_worker_runs_a_2x2x2_sweep_and_its_charts_hold_the_expected_traces(clien
         assert by_label[f"segments={n} {label(rng, amp)}"] == e["summary"].get("grad_max_abs_diff")
 
     results = client.get(f"/api/sweeps/{sid}/results").json()
-    assert len(results["data"]) == 10 and results["axes"] == list(axes)
+    assert len(results["data"]) == 12 and results["axes"] == list(axes)
+    drift = next(r for r in results["data"] if r["experiment_id"] == again["off"]["id"])
+    assert drift["repeat_of"] == base["off"]["id"] and drift["overhead_text"].startswith("drift since")
     row = next(r for r in results["data"] if r["values"] == {"checkpoint.segments": 4, **_rng_amp(True, "off")})
     assert row["baseline_id"] == base["off"]["id"]
     assert row["metrics"]["activation_saving_pct"] > 0
@@ -283,10 +306,10 @@ def test_worker_runs_a_2x2x2_sweep_and_its_charts_hold_the_expected_traces(clien
     fits = client.get(f"/api/sweeps/{sid}/recommendation", params={"budget_bytes": 2**40}).json()
     assert fits["experiment_id"] in {base["off"]["id"], base["bf16"]["id"]}  # the baseline fits 1 TiB
     csv_rows = list(csv.DictReader(io.StringIO(client.get(f"/api/sweeps/{sid}/results?format=csv").text)))
-    assert len(csv_rows) == 10 and {"checkpoint.segments", "amp", "overhead_pct"} <= set(csv_rows[0])
+    assert len(csv_rows) == 12 and {"checkpoint.segments", "amp", "overhead_pct"} <= set(csv_rows[0])
 
     events = parse_sse(client.get(f"/api/sweeps/{sid}/events").text)
-    assert sum(e.event == "step" for e in events) == 10 * 3
+    assert sum(e.event == "step" for e in events) == 12 * 3
     assert events[-1].event == "end"
 
 

@@ -62,11 +62,12 @@ def test_sweep_from_form_live_charts_and_recommendation(
     page.check("#axis-rng")
     page.fill("#sweep-name", "tiny mlp segments x rng")
 
-    # The number of runs is shown before submitting: 2 x 2 runs + 1 baseline.
-    expect(page.locator("#run-count-total")).to_have_text("5")
+    # The number of runs is shown before submitting: 2 x 2 runs + 1 baseline, run twice.
+    expect(page.locator("#run-count-total")).to_have_text("6")
     expect(page.locator("#run-count")).to_contain_text("4 runs")
-    expect(page.locator("#run-count")).to_contain_text("1 baseline")
-    expect(page.locator("#submit")).to_have_text("Submit sweep (5 runs)")
+    expect(page.locator("#run-count")).to_contain_text("2 baselines")
+    expect(page.locator("#run-count")).to_contain_text("again last so that drift shows")
+    expect(page.locator("#submit")).to_have_text("Submit sweep (6 runs)")
     _screenshot(page, "new-sweep.png")
 
     # Watch the progress text for the rest of the test; mark the page to detect a reload.
@@ -82,21 +83,21 @@ def test_sweep_from_form_live_charts_and_recommendation(
     page.click("#submit")
     page.wait_for_url(re.compile(r"#/sweeps/\d+"))
     sweep_id = int(re.search(r"#/sweeps/(\d+)", page.url).group(1))
-    expect(page.locator("#sweep-progress-text")).to_have_text("5 of 5", timeout=RUN_TIMEOUT_MS)
+    expect(page.locator("#sweep-progress-text")).to_have_text("6 of 6", timeout=RUN_TIMEOUT_MS)
 
-    # Live: the text went from "0 of 5" through partial counts to "5 of 5", with no reload.
+    # Live: the text went from "0 of 6" through partial counts to "6 of 6", with no reload.
     seen = [t for t in page.evaluate("window.__progress") if re.fullmatch(r"\d+ of \d+", t)]
-    assert seen[0] == "0 of 5", seen
-    assert seen[-1] == "5 of 5", seen
+    assert seen[0] == "0 of 6", seen
+    assert seen[-1] == "6 of 6", seen
     assert len(set(seen)) >= 2, seen
     assert page.evaluate("window.__noReload") == "still here"
     assert page.evaluate("performance.getEntriesByType('navigation').length") == 1
     assert any(f"/api/sweeps/{sweep_id}/events" in u for u in requested_urls), "no event stream was opened"
 
     code, sweep = _get_json(f"{app_url}/api/sweeps/{sweep_id}")
-    assert code == 200 and sweep["progress"]["total"] == 5 and sweep["name"] == "tiny mlp segments x rng"
+    assert code == 200 and sweep["progress"]["total"] == 6 and sweep["name"] == "tiny mlp segments x rng"
     assert _count(app_url, "sweeps") == sweeps_before + 1
-    assert sweep["progress"]["counts"]["succeeded"] == 5, sweep["progress"]
+    assert sweep["progress"]["counts"]["succeeded"] == 6, sweep["progress"]
 
     # The four charts show the API's traces, once every run is in.
     for name, div in CHARTS.items():
@@ -144,7 +145,10 @@ def test_sweep_from_form_live_charts_and_recommendation(
     code, results = _get_json(f"{app_url}/api/sweeps/{sweep_id}/results")
     assert code == 200
     rows = page.locator("#sweep-runs tbody tr")
-    expect(rows).to_have_count(5)
+    expect(rows).to_have_count(6)
+    # The baseline's second run shows its drift from the first in the overhead column.
+    (again,) = [r for r in results["data"] if r["repeat_of"] is not None]
+    expect(page.locator(f"#sweep-runs tbody tr[data-id='{again['experiment_id']}']")).to_contain_text("drift")
     assert sorted(int(i) for i in rows.evaluate_all("(rs) => rs.map((r) => r.dataset.id)")) == sorted(
         r["experiment_id"] for r in results["data"]
     )
@@ -160,7 +164,7 @@ def test_sweep_from_form_live_charts_and_recommendation(
     fitting = [r for r in done if r["metrics"]["peak_allocated_bytes"] <= budget]
     assert 0 < len(fitting) < len(done)
     best = min(
-        (r for r in fitting if r["gradients_match"] is not False),
+        (r for r in fitting if r["gradients_match"] is not False and r["repeat_of"] is None),
         key=lambda r: (r["metrics"]["step_time_ms"], r["metrics"]["peak_allocated_bytes"], r["experiment_id"]),
     )
     page.fill("#budget", f"{budget_kib} KiB")
@@ -181,7 +185,11 @@ def test_sweep_from_form_live_charts_and_recommendation(
     # The smallest peak within the time overhead (vs each run's baseline).
     page.fill("#overhead", "100000")
     smallest = min(
-        (r for r in done if r["metrics"]["overhead_pct"] is not None and r["gradients_match"] is not False),
+        (
+            r
+            for r in done
+            if r["metrics"]["overhead_pct"] is not None and r["gradients_match"] is not False and r["repeat_of"] is None
+        ),
         key=lambda r: (
             r["metrics"]["peak_allocated_bytes"],
             r["metrics"]["activation_bytes"],
@@ -225,7 +233,7 @@ def test_sweep_from_form_live_charts_and_recommendation(
 
     # The list: the sweep with its progress, its experiments with their statuses.
     page.goto(app_url + "/#/")
-    expect(page.locator(f"#sweeps tr[data-sweep='{sweep_id}']")).to_contain_text("5 of 5")
+    expect(page.locator(f"#sweeps tr[data-sweep='{sweep_id}']")).to_contain_text("6 of 6")
     expect(page.locator(f"#experiments tr[data-id='{best['experiment_id']}'] td.status")).to_have_text("succeeded")
 
     _assert_local_only(app_url, requested_urls)
@@ -368,7 +376,7 @@ def test_cancel_and_live_list(app: App, page: Page, requested_urls: list[str], p
     page.goto(f"{app_url}/#/sweeps/{sweep['id']}")
     expect(page.locator("#sweep-cancel")).to_be_visible()
     page.click("#sweep-cancel")
-    expect(page.locator("#sweep-progress-text")).to_have_text("3 of 3", timeout=30_000)
+    expect(page.locator("#sweep-progress-text")).to_have_text("4 of 4", timeout=30_000)  # baseline twice
     expect(page.locator("#sweep-counts")).to_contain_text("cancelled")
     expect(page.locator("#sweep-cancel")).to_be_hidden()
 

@@ -51,7 +51,7 @@ def test_without_event_streams_the_pages_poll(
     )
     assert code == 201
     page.goto(f"{app_url}/#/sweeps/{sweep['id']}")
-    expect(page.locator("#sweep-progress-text")).to_have_text("3 of 3", timeout=RUN_TIMEOUT_MS)
+    expect(page.locator("#sweep-progress-text")).to_have_text("4 of 4", timeout=RUN_TIMEOUT_MS)  # baseline twice
     page.wait_for_function("(document.getElementById('sweep-chart-correctness').data || [{x: []}])[0].x.length === 2")
     assert any("/events" in u for u in requested_urls), "the pages did not try their streams first"
     _assert_local_only(app_url, requested_urls)
