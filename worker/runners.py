@@ -155,11 +155,12 @@ class ChildRunner:
         exp_id, attempt = job.experiment_id, job.attempt
         rss: int | None = None  # the child's peak RSS (VmHWM) as last read, bytes
         while True:
+            # Read before waiting: a child killed within its first poll still has a reading.
+            hwm = proc_status_bytes("VmHWM", child.proc.pid)
+            rss = hwm if rss is None or (hwm is not None and hwm > rss) else rss
             child.proc.join(POLL_RUNNING_S)
             if not child.proc.is_alive():
                 break
-            hwm = proc_status_bytes("VmHWM", child.proc.pid)
-            rss = hwm if rss is None or (hwm is not None and hwm > rss) else rss
             if not w.lease_ok():
                 log.warning("lease lost (no heartbeat for %.1f s); killing experiment %s", w.beat.silent_for(), exp_id)
                 child.kill()
