@@ -11,6 +11,8 @@ from typing import Annotated
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from ckptlab.stats import NOISE_THRESHOLD_PCT
+
 __all__ = ["Settings", "get_settings", "host_memory_bytes"]
 
 
@@ -68,6 +70,11 @@ class Settings(BaseSettings):
         max_request_bytes: larger request bodies get 413 (default 1 MiB).
         max_sweep_size: most experiments one sweep may queue, baselines included (default 256).
         sse_poll_interval_s: how often a live stream polls the database, seconds (default 0.15).
+        noise_threshold_pct: the least step-time overhead estimate, in %, reported as a
+            difference (``CKPTLAB_NOISE_THRESHOLD_PCT``; default
+            :data:`ckptlab.stats.NOISE_THRESHOLD_PCT`): run-to-run noise of the same work on
+            the workers' hosts, as ``bench/bench_noise.py`` measures it; lower it on a quiet
+            host to resolve smaller differences.
         max_streams: most live streams one API server keeps open; more get 503 with
             ``Retry-After`` (default 200; a stream holds no database connection between polls).
         series_max_points: largest ``max_points`` a series request may ask for (default 20000).
@@ -98,6 +105,7 @@ class Settings(BaseSettings):
     max_sweep_size: int = Field(256, ge=1)
     sse_poll_interval_s: float = Field(0.15, gt=0, le=5)
     max_streams: int = Field(200, ge=1)
+    noise_threshold_pct: float = Field(NOISE_THRESHOLD_PCT, ge=0, le=1000)
     series_max_points: int = Field(20_000, ge=10, le=1_000_000)
     series_cache_bytes: int = Field(256 * 2**20, ge=0)
     series_warm_interval_s: float = Field(2.0, ge=0)

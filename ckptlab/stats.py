@@ -4,7 +4,11 @@ intervals of a median and of a ratio of medians.
 Timings on a shared machine are skewed and have outliers (another process takes the core),
 so ckptlab reports medians with their spread, never means, and calls a difference real only
 when its confidence interval excludes zero (Efron & Tibshirani, *An Introduction to the
-Bootstrap*, 1993, ch. 13: percentile intervals). The resampling is seeded, so the same
+Bootstrap*, 1993, ch. 13: percentile intervals) and its estimate is at least the noise
+threshold (:data:`NOISE_THRESHOLD_PCT` by default; after criterion.rs's ``noise_threshold``: a change
+smaller than the machine reproduces is noise even when it is significant, because the steps
+of one run share its conditions and the bootstrap over steps does not see the run-to-run
+part of the noise). The resampling is seeded, so the same
 samples always give the same interval. Pure Python: no numpy, no torch.
 """
 
@@ -15,12 +19,26 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-__all__ = ["Spread", "describe", "RatioInterval", "ratio_ci", "BOOTSTRAP_RESAMPLES", "CONFIDENCE"]
+__all__ = [
+    "Spread",
+    "describe",
+    "RatioInterval",
+    "ratio_ci",
+    "BOOTSTRAP_RESAMPLES",
+    "CONFIDENCE",
+    "NOISE_THRESHOLD_PCT",
+]
 
 #: Bootstrap resamples per interval (2,000 keeps the 2.5 / 97.5 percentiles stable to ~1%).
 BOOTSTRAP_RESAMPLES = 2000
 #: Two-sided confidence level of every interval.
 CONFIDENCE = 0.95
+#: Step-time differences estimated below 10% are noise by default: the same work timed in
+#: separate runs through a worker on a shared 2-core host differs by up to 6-13% (95th
+#: percentile of |estimate| over 36-64 pairs of identical runs; ``bench/bench_noise.py``,
+#: docs/benchmarks.md "Run-to-run noise"), far beyond the bootstrap interval of one run's
+#: steps. A server sets its own (``CKPTLAB_NOISE_THRESHOLD_PCT``).
+NOISE_THRESHOLD_PCT = 10.0
 _SEED = 20161104  # fixed: the same samples give the same interval
 
 
@@ -100,24 +118,33 @@ class RatioInterval:
         estimate_pct: ``100 * (median(run) / median(baseline) - 1)``.
         low_pct, high_pct: bootstrap 95% confidence interval of the same quantity, from
             resampling each sample set independently.
+        threshold_pct: the noise threshold the estimate must reach to count (default
+            :data:`NOISE_THRESHOLD_PCT`).
     """
 
     estimate_pct: float
     low_pct: float
     high_pct: float
+    threshold_pct: float = NOISE_THRESHOLD_PCT
 
     @property
     def measurable(self) -> bool:
-        """Whether the interval excludes 0: only then is there a difference to report."""
-        return self.low_pct > 0 or self.high_pct < 0
+        """Whether there is a difference to report: the interval excludes 0 and the estimate
+        is at least ``threshold_pct`` away from 0."""
+        excludes_zero = self.low_pct > 0 or self.high_pct < 0
+        return excludes_zero and abs(self.estimate_pct) >= self.threshold_pct
 
     def as_dict(self) -> dict[str, float | bool]:
-        """JSON-able: ``estimate_pct, low_pct, high_pct, measurable``."""
+        """JSON-able: ``estimate_pct, low_pct, high_pct, threshold_pct, measurable``."""
         return {**asdict(self), "measurable": self.measurable}
 
 
 def ratio_ci(
-    baseline: Sequence[float], samples: Sequence[float], *, resamples: int = BOOTSTRAP_RESAMPLES
+    baseline: Sequence[float],
+    samples: Sequence[float],
+    *,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    threshold_pct: float = NOISE_THRESHOLD_PCT,
 ) -> RatioInterval | None:
     """The overhead of ``samples`` over ``baseline`` in % with a bootstrap 95% CI.
 
@@ -125,6 +152,8 @@ def ratio_ci(
         baseline: timings of the baseline (strategy ``none``), e.g. step times in ms.
         samples: timings of the run compared, same unit.
         resamples: bootstrap resamples (default :data:`BOOTSTRAP_RESAMPLES`).
+        threshold_pct: noise threshold of :attr:`RatioInterval.measurable` (default
+            :data:`NOISE_THRESHOLD_PCT`; a worker host's figure from ``bench/bench_noise.py``).
 
     Returns:
         The interval, or None when either set is empty or the baseline median is not
@@ -144,4 +173,5 @@ def ratio_ci(
         estimate_pct=100.0 * (statistics.median(samples) / base_median - 1.0),
         low_pct=_percentile(ratios, alpha),
         high_pct=_percentile(ratios, 1 - alpha),
+        threshold_pct=threshold_pct,
     )

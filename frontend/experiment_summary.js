@@ -57,6 +57,15 @@ function delta(v, base, { lowerIsBetter = true } = {}) {
   return el('span', { class: `delta ${good ? 'good' : bad ? 'bad' : ''}` }, `${fmtPct(pct)} vs baseline`);
 }
 
+/** The step-time overhead from the server's comparison: a signed number only when it is
+ * measurable (95% CI excludes 0 and is not within the noise threshold). */
+function overheadDelta(cmp) {
+  const o = cmp && cmp.overhead;
+  if (!o) return null;
+  if (!o.measurable) return el('span', { class: 'delta', title: cmp.overhead_text }, 'no measurable difference');
+  return el('span', { class: `delta ${o.estimate_pct < 0 ? 'good' : 'bad'}`, title: cmp.overhead_text }, `${fmtPct(o.estimate_pct)} vs baseline`);
+}
+
 /** "3.31 ms (IQR 0.12 ms, 95% CI 3.01–3.47 ms, 20 timed steps)". */
 function stepTimeText(s) {
   const t = s.timing && s.timing.step_ms;
@@ -90,17 +99,20 @@ export function renderSummary(exp, baseline) {
         b && !isBaseline ? delta(s.peak_allocated_bytes, b.peak_allocated_bytes) : null),
       el('div', { class: 'metric' }, el('span', { class: 'label', title: 'median over the steps after warm-up' }, 'Step time'),
         el('span', { class: 'value', id: 'm-time' }, fmtMs(s.step_time_ms)),
-        b && !isBaseline ? delta(s.step_time_ms, b.step_time_ms) : null),
+        b && !isBaseline ? overheadDelta(baseline.comparison) : null),
       el('div', { class: 'metric' }, el('span', { class: 'label' }, 'Gradients'),
         el('span', { class: 'value', id: 'm-grad' }, gradBadge(s.gradients_match ?? null, s.grad_max_abs_diff))),
     );
     let baselineEntry;
     if (isBaseline) baselineEntry = ['Baseline', 'this run is a baseline (no checkpointing)'];
     else if (baseline) {
-      const overhead = typeof s.step_time_ms === 'number' && b && b.step_time_ms ? 100 * (s.step_time_ms / b.step_time_ms - 1) : null;
+      const cmp = baseline.comparison;
+      const o = cmp.overhead;
+      const runs = cmp.baseline_ids.map((id, i) => [i ? ', ' : '', el('a', { href: `#/experiments/${id}` }, `#${id}`)]).flat();
       baselineEntry = ['Overhead vs baseline', el('span', null,
-        el('strong', { id: 'exp-overhead' }, fmtPct(overhead)), ' step time against ',
-        el('a', { href: `#/experiments/${baseline.id}` }, `#${baseline.id}`), ' (strategy none)')];
+        el('strong', { id: 'exp-overhead' }, !o ? '—' : o.measurable ? fmtPct(o.estimate_pct) : 'no measurable difference'),
+        ' step time against ', ...runs, ' (strategy none)',
+        cmp.overhead_text ? el('span', { class: 'muted', id: 'exp-overhead-ci' }, ` · ${cmp.overhead_text}`) : null)];
     } else {
       baselineEntry = ['Overhead vs baseline', el('span', null, 'no succeeded baseline with this spec yet ',
         el('button', { type: 'button', class: 'secondary small', id: 'exp-run-baseline' }, 'Run the baseline'))];
@@ -210,39 +222,19 @@ async function submitBaseline(spec, button) {
 
 // ------------------------------------------------------------------ baseline
 
-function sameExceptCheckpoint(a, b) {
-  const strip = (s) => {
-    const c = JSON.parse(JSON.stringify(s));
-    for (const k of ['checkpoint', 'timeout_s', 'memory_snapshot', 'verify_gradients']) delete c[k];
-    return JSON.stringify(c, Object.keys(flatKeys(c)).sort());
-  };
-  return strip(a) === strip(b);
-}
-
-function flatKeys(obj, out = {}) {
-  for (const [k, v] of Object.entries(obj)) {
-    out[k] = true;
-    if (v && typeof v === 'object' && !Array.isArray(v)) flatKeys(v, out);
-  }
-  return out;
-}
-
-/** The succeeded `none` run to compare with: the sweep's, else the newest with the same spec. */
+/**
+ * The `none` baseline to compare with, from the server's comparison
+ * (GET /api/experiments/{id}/comparison: the sweep's baseline, else the latest runs with the
+ * same spec but for checkpoint): its first run, for the memory deltas, with the comparison
+ * (overhead and its 95% CI) under `comparison`. Null for a baseline, or without one.
+ */
 export async function findBaseline(exp) {
   if ((exp.spec.checkpoint || {}).strategy === 'none') return null;
   try {
-    if (exp.sweep_id) {
-      const r = await api(`/api/sweeps/${exp.sweep_id}/results`);
-      const row = r.ok && r.body ? r.body.data.find((d) => d.experiment_id === exp.id) : null;
-      if (row && row.baseline_id) {
-        const b = await api(`/api/experiments/${row.baseline_id}`);
-        if (b.ok && b.body && b.body.status === STATUS.SUCCEEDED) return b.body;
-      }
-    }
-    const q = new URLSearchParams({ strategy: 'none', status: STATUS.SUCCEEDED, model_kind: exp.spec.model.kind, limit: '500' });
-    const r = await api(`/api/experiments?${q}`);
-    if (!r.ok || !r.body) return null;
-    return r.body.data.find((d) => d.id !== exp.id && sameExceptCheckpoint(d.spec, exp.spec)) || null;
+    const r = await api(`/api/experiments/${exp.id}/comparison`);
+    if (!r.ok || !r.body || !r.body.baseline_ids.length) return null;
+    const b = await api(`/api/experiments/${r.body.baseline_ids[0]}`);
+    return b.ok && b.body ? { ...b.body, comparison: r.body } : null;
   } catch (_) {
     return null;
   }

@@ -15,6 +15,7 @@ from backend.deps import MAX_ID, ExperimentId, SeriesCacheDep, SessionDep, Setti
 from backend.schemas import (
     AttemptPublic,
     AttemptsPublic,
+    ComparisonPublic,
     ExperimentCreate,
     ExperimentPublic,
     ExperimentsPublic,
@@ -26,7 +27,7 @@ from backend.schemas import (
     Status,
     StepsPublic,
 )
-from backend.services import exports, queries, series, streams
+from backend.services import comparison, exports, queries, series, streams
 from backend.services.responses import CSV_RESPONSE, SSE_RESPONSE, WRITE_RESPONSES
 from ckptlab.db import queue, store
 from ckptlab.db.models import Experiment
@@ -182,6 +183,22 @@ def list_attempts(session: SessionDep, experiment_id: ExperimentId) -> AttemptsP
     exp = _get_or_404(session, experiment_id)
     rows = store.list_attempts(session, experiment_id=exp.id)
     return AttemptsPublic(data=[AttemptPublic.model_validate(a) for a in rows])
+
+
+@router.get(
+    "/{experiment_id}/comparison",
+    response_model=ComparisonPublic,
+    responses=NOT_FOUND,
+    summary="Step-time overhead against the baseline, with its 95% CI",
+)
+def compare_experiment(session: SessionDep, settings: SettingsDep, experiment_id: ExperimentId) -> ComparisonPublic:
+    """The experiment against its ``none`` baseline (the same spec but for ``checkpoint``):
+    which baseline runs, and the overhead of the median step time with its bootstrap 95%
+    CI; "no measurable difference" when the CI contains 0 or the estimate is below the
+    server's noise threshold (``CKPTLAB_NOISE_THRESHOLD_PCT``)."""
+    exp = _get_or_404(session, experiment_id)
+    found = comparison.compare_with_baseline(session, experiment=exp, noise_threshold_pct=settings.noise_threshold_pct)
+    return ComparisonPublic.model_validate(found)
 
 
 @router.get(

@@ -211,6 +211,7 @@ def sweep_events(sweep_id: SweepId, stream: streams.StreamDep):
 )
 def sweep_results(
     session: SessionDep,
+    settings: SettingsDep,
     sweep_id: SweepId,
     format: Annotated[
         Format, Query(description="csv: one row per experiment, one column per axis and metric")
@@ -220,7 +221,7 @@ def sweep_results(
     numbers compared (activation and peak bytes, step time, overhead and saving against the
     baseline in %, gradient difference)."""
     sweep = _get_or_404(session, sweep_id)
-    rows = sweep_reads.sweep_rows(sweep)
+    rows = sweep_reads.sweep_rows(sweep, noise_threshold_pct=settings.noise_threshold_pct)
     if format == "csv":
         return exports.csv_response(
             [exports.sweep_result_record(r) for r in rows], filename=f"sweep-{sweep.id}-results.csv"
@@ -254,6 +255,7 @@ def sweep_chart(session: SessionDep, sweep_id: SweepId, name: ChartName) -> Char
 )
 def sweep_recommendation(
     session: SessionDep,
+    settings: SettingsDep,
     sweep_id: SweepId,
     budget_bytes: Annotated[
         int | None, Query(ge=1, le=2**62, description="memory budget for the peak, bytes (optional)")
@@ -261,9 +263,9 @@ def sweep_recommendation(
 ) -> RecommendationPublic:
     """A setting is better than its baseline only when its peak and activations are lower by
     more than 1% (and 4 KiB) and its gradients do not differ; step times differ only when
-    the 95% CI of their ratio excludes 0, and ties go to the simpler setting. Says why, and
-    says so when nothing beats the baseline."""
+    the 95% CI of their ratio excludes 0 and the estimate reaches the server's noise
+    threshold, and ties go to the simpler setting. Says why, and says so when nothing beats
+    the baseline."""
     sweep = _get_or_404(session, sweep_id)
-    return RecommendationPublic.model_validate(
-        recommend(sweep_reads.sweep_rows(sweep), budget_bytes=budget_bytes), from_attributes=True
-    )
+    rows = sweep_reads.sweep_rows(sweep, noise_threshold_pct=settings.noise_threshold_pct)
+    return RecommendationPublic.model_validate(recommend(rows, budget_bytes=budget_bytes), from_attributes=True)

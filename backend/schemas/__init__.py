@@ -9,6 +9,7 @@ from backend.schemas.common import ErrorDetail, Format, Health, Message, Status
 from backend.schemas.experiments import (
     AttemptPublic,
     AttemptsPublic,
+    ComparisonPublic,
     ExperimentCreate,
     ExperimentPublic,
     ExperimentsPublic,
@@ -40,6 +41,7 @@ from backend.schemas.sweeps import (
 __all__ = [
     "AttemptPublic",
     "AttemptsPublic",
+    "ComparisonPublic",
     "CHART_NAMES",
     "ChartName",
     "ChartPublic",

@@ -122,6 +122,36 @@ class StepPublic(BaseModel):
     )
 
 
+class ComparisonPublic(BaseModel):
+    """An experiment against its ``none`` baseline: the step-time overhead with its 95% CI."""
+
+    model_config = ConfigDict(from_attributes=True) | examples(
+        {
+            "experiment_id": 3,
+            "is_baseline": False,
+            "baseline_ids": [1, 5],
+            "overhead": {"estimate_pct": 1.2, "low_pct": -2.0, "high_pct": 3.9, "measurable": False},
+            "overhead_text": "no measurable difference (95% CI -2% to +4%)",
+        }
+    )
+
+    experiment_id: int
+    is_baseline: bool = Field(description="it is itself a 'none' run: nothing to compare")
+    baseline_ids: list[int] = Field(
+        description="succeeded baseline runs the overhead is taken against, their timed steps pooled "
+        "(in a sweep: its group's baseline, run first and last; else the latest runs with the same spec "
+        "but for checkpoint); empty when there is none"
+    )
+    overhead: dict[str, float | bool] | None = Field(
+        None,
+        description="estimate_pct, low_pct, high_pct (bootstrap 95% CI of the ratio of medians of the timed "
+        "steps) and measurable (the CI excludes 0 and the estimate is at least the 3% noise threshold)",
+    )
+    overhead_text: str | None = Field(
+        None, description="the overhead in words; 'no measurable difference' when it is not measurable"
+    )
+
+
 class AttemptPublic(BaseModel):
     """One attempt (claim) of an experiment. A lost attempt's steps are kept for inspection
     (``GET /api/experiments/{id}/steps?attempt=N``) but are never the experiment's series."""

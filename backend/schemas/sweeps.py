@@ -255,10 +255,11 @@ class SweepResultPublic(BaseModel):
     overhead: dict[str, float | bool] | None = Field(
         None,
         description="step-time overhead against the baseline: estimate_pct, low_pct and high_pct (bootstrap "
-        "95% CI of the ratio of medians of the timed steps) and measurable (the CI excludes 0)",
+        "95% CI of the ratio of medians of the timed steps) and measurable (the CI excludes 0 and the "
+        "estimate is at least the 3% noise threshold)",
     )
     overhead_text: str | None = Field(
-        None, description="the overhead in words; 'no measurable difference' when its CI contains 0"
+        None, description="the overhead in words; 'no measurable difference' when it is not measurable"
     )
     findings: list[str] = Field(default_factory=list, description="codes of settings that do nothing or backfire")
     peak_phase: str | None = Field(None, description="forward, backward or optimizer")

@@ -11,7 +11,8 @@ Rules (issue: "a recommendation that never acts on noise"):
   setting that leaves activations unchanged (``segments: 1``) never wins on a faster step
   time that is noise.
 - Two candidates' step times differ only when the bootstrap 95% CI of their ratio excludes
-  0 (:func:`ckptlab.stats.ratio_ci`); otherwise they tie, and a tie goes to the simpler
+  0 and their estimate reaches the noise threshold (:func:`ckptlab.stats.ratio_ci`,
+  :data:`ckptlab.stats.NOISE_THRESHOLD_PCT`); otherwise they tie, and a tie goes to the simpler
   setting (none, then sequential with fewer segments, per_block, selective, offload).
 - With a memory budget: the baseline when it fits; else the fastest fitting setting with a
   real saving. Without a budget: the setting with the lowest peak among those with a real
@@ -73,9 +74,9 @@ def _real_saving(r: SweepRow, base: SweepRow | None) -> bool:
 
 def _faster(a: SweepRow, b: SweepRow) -> bool:
     """Whether ``a`` is measurably faster than ``b`` (the 95% CI of ``b`` over ``a`` is
-    above 0)."""
-    interval = ratio_ci(a.step_times_ms, b.step_times_ms)
-    return interval is not None and interval.low_pct > 0
+    above 0 and the estimate at least the noise threshold, :attr:`ckptlab.stats.RatioInterval.measurable`)."""
+    interval = ratio_ci(a.step_times_ms, b.step_times_ms, threshold_pct=a.noise_threshold_pct)
+    return interval is not None and interval.measurable and interval.low_pct > 0
 
 
 def _best(rows: list[SweepRow], *, by_peak: bool) -> SweepRow:

@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 
 from ckptlab.db.models import Experiment, Sweep
 from ckptlab.domain import FINISHED_STATUSES, Status
-from ckptlab.stats import RatioInterval, ratio_ci
+from ckptlab.stats import NOISE_THRESHOLD_PCT, RatioInterval, ratio_ci
 from ckptlab.sweeps import axis_label, get_path, is_checkpoint_axis
 
 __all__ = [
@@ -26,6 +26,7 @@ __all__ = [
     "SweepRow",
     "sweep_rows",
     "overhead_words",
+    "step_samples",
 ]
 
 
@@ -137,6 +138,7 @@ class SweepRow:
             from the summary.
         step_times_ms: the timed step times (ms), for comparing two rows; for a baseline's
             first run, those of all its succeeded runs.
+        noise_threshold_pct: the noise threshold its comparisons use.
     """
 
     experiment_id: int
@@ -151,6 +153,7 @@ class SweepRow:
     label: str
     strategy: str = "none"
     repeat_of: int | None = None
+    noise_threshold_pct: float = NOISE_THRESHOLD_PCT
     simplicity: tuple = ()
     overhead: dict[str, Any] | None = None
     overhead_text: str | None = None
@@ -172,7 +175,11 @@ def _simplicity(spec: Mapping[str, Any]) -> tuple:
     return (rank, size if isinstance(size, int) else 0)
 
 
-def _samples(summary: Mapping[str, Any]) -> list[float]:
+def step_samples(summary: Any) -> list[float]:
+    """The timed step times (ms) of a stored summary (``step_times_ms``), numbers only; [] when
+    there are none."""
+    if not isinstance(summary, Mapping):
+        return []
     values = summary.get("step_times_ms")
     if not isinstance(values, list):
         return []
@@ -180,7 +187,8 @@ def _samples(summary: Mapping[str, Any]) -> list[float]:
 
 
 def overhead_words(interval: RatioInterval | None, *, drift: bool = False) -> str | None:
-    """An overhead in words; "no measurable difference" when its 95% CI contains 0.
+    """An overhead in words; "no measurable difference" when it is not measurable (its 95% CI
+    contains 0 or its estimate is below the noise threshold, :attr:`ckptlab.stats.RatioInterval.measurable`).
 
     With ``drift``: the same for a baseline's second run against its first ("drift: ...").
     """
@@ -195,8 +203,11 @@ def _group_key(values: Mapping[str, Any]) -> str:
     return json.dumps(values, sort_keys=True, default=str)
 
 
-def sweep_rows(sweep: Sweep) -> list[SweepRow]:
+def sweep_rows(sweep: Sweep, *, noise_threshold_pct: float = NOISE_THRESHOLD_PCT) -> list[SweepRow]:
     """One :class:`SweepRow` per experiment of ``sweep`` (in id order), baselines matched.
+
+    ``noise_threshold_pct``: the least overhead estimate that counts as a difference
+    (:attr:`ckptlab.stats.RatioInterval.measurable`; the server's ``noise_threshold_pct``).
 
     Robust to summaries that lack keys or hold non-numbers (those metrics are None).
     """
@@ -233,7 +244,8 @@ def sweep_rows(sweep: Sweep) -> list[SweepRow]:
                 peak_explanation=summary.get("peak_explanation")
                 if isinstance(summary.get("peak_explanation"), str)
                 else None,
-                step_times_ms=_samples(summary),
+                step_times_ms=step_samples(summary),
+                noise_threshold_pct=noise_threshold_pct,
             )
         )
     groups: dict[str, list[SweepRow]] = {}
@@ -252,7 +264,7 @@ def sweep_rows(sweep: Sweep) -> list[SweepRow]:
                 b.label = f"{b.label} (again)"
                 if b.status == Status.SUCCEEDED:
                     first.step_times_ms = first.step_times_ms + b.step_times_ms
-                    drift = ratio_ci(own, b.step_times_ms)
+                    drift = ratio_ci(own, b.step_times_ms, threshold_pct=noise_threshold_pct)
                     b.overhead = drift.as_dict() if drift else None
                     b.overhead_text = overhead_words(drift, drift=True)
     for r in rows:
@@ -266,7 +278,7 @@ def sweep_rows(sweep: Sweep) -> list[SweepRow]:
         r.metrics["peak_saving_pct"] = 100.0 * (1.0 - p / bp) if p is not None and bp else None
         interval = None  # a baseline's first run has none; its second run's is its drift (above)
         if r.role == "run" and b is not None:
-            interval = ratio_ci(b.step_times_ms, r.step_times_ms)
+            interval = ratio_ci(b.step_times_ms, r.step_times_ms, threshold_pct=noise_threshold_pct)
             r.overhead, r.overhead_text = (interval.as_dict() if interval else None), overhead_words(interval)
             if interval:
                 r.metrics["overhead_pct"] = interval.estimate_pct  # against all the baseline's runs

@@ -15,7 +15,7 @@ import uvicorn
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
-from ckptlab.db import store
+from ckptlab.db import queue, store
 from ckptlab.db.models import Experiment
 from ckptlab.settings import Settings
 from tests.factories import make_spec
@@ -67,6 +67,14 @@ def add_steps(session: Session, exp: Experiment, steps: range | list[int], **val
     store.add_steps(
         session, experiment_id=exp.id, attempt=exp.attempt, records=[step_record(s, **values) for s in steps]
     )
+
+
+def finish_next(session: Session, experiment_id: int, summary: dict[str, Any]) -> None:
+    """Claim the next queued experiment (it must be ``experiment_id``) and finish it
+    ``succeeded`` with ``summary``, as a worker would."""
+    exp = queue.claim_next(session, worker_id="test:1")
+    assert exp is not None and exp.id == experiment_id, (exp and exp.id, experiment_id)
+    queue.finish_experiment(session, experiment_id=experiment_id, status="succeeded", summary=summary)
 
 
 @dataclass

@@ -221,7 +221,9 @@ def test_sweep_from_form_live_charts_and_recommendation(
     page.click(f"#sweep-runs tbody tr.recommended a[href='#/experiments/{best['experiment_id']}']")
     page.wait_for_url(re.compile(rf"#/experiments/{best['experiment_id']}$"))
     expect(page.locator("#exp-status")).to_have_text("succeeded")
-    expect(page.locator("#exp-overhead")).to_have_text(re.compile(r"^[+−]?\d+(\.\d)?%$"))
+    # A signed overhead only when measurable, else "no measurable difference"; the CI beside it.
+    expect(page.locator("#exp-overhead")).to_have_text(re.compile(r"^([+−]?\d+(\.\d)?%|no measurable difference)$"))
+    expect(page.locator("#exp-overhead-ci")).to_contain_text("95% CI")
     expect(page.locator("#exp-summary")).to_contain_text(f"#{best['baseline_id']}")
     expect(page.locator("#exp-grad")).to_contain_text("match")
     page.wait_for_function(

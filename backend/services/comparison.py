@@ -1,0 +1,116 @@
+"""An experiment against its ``none`` baseline: which baseline runs, and the step-time
+overhead with its 95% confidence interval, computed once on the server so that the
+experiment page, the sweep table and the recommendation use the same rule
+(:attr:`ckptlab.stats.RatioInterval.measurable`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from backend.services.sweeps import overhead_words, step_samples, sweep_rows
+from ckptlab.db import store
+from ckptlab.db.models import Experiment
+from ckptlab.domain import Status
+from ckptlab.stats import NOISE_THRESHOLD_PCT, ratio_ci
+
+__all__ = ["Comparison", "compare_with_baseline", "MAX_BASELINE_RUNS"]
+
+#: Most recent matching baseline runs pooled for an experiment outside a sweep.
+MAX_BASELINE_RUNS = 10
+#: Candidate ``none`` runs of the same model kind scanned for a matching spec.
+_SCAN = 500
+
+
+@dataclass
+class Comparison:
+    """An experiment against its baseline.
+
+    Attributes:
+        experiment_id: the experiment.
+        is_baseline: it is itself a ``none`` run (nothing to compare).
+        baseline_ids: the succeeded baseline runs its overhead is taken against (in a
+            sweep: the sweep's baseline of its group, both runs; else up to
+            :data:`MAX_BASELINE_RUNS` succeeded ``none`` runs whose spec equals its own
+            but for ``checkpoint``, ``timeout_s``, ``memory_snapshot`` and
+            ``verify_gradients``), oldest first; empty when there is none.
+        overhead: :class:`ckptlab.stats.RatioInterval` as a dict (``estimate_pct``,
+            ``low_pct``, ``high_pct``, ``measurable``), or None without timed steps.
+        overhead_text: it in words (``"+18% (95% CI +12% to +25%)"`` or ``"no measurable
+            difference (...)"``), or None.
+    """
+
+    experiment_id: int
+    is_baseline: bool
+    baseline_ids: list[int] = field(default_factory=list)
+    overhead: dict[str, Any] | None = None
+    overhead_text: str | None = None
+
+
+#: Spec fields that do not change the timed work: a baseline may differ in them.
+_NOT_WORKLOAD = ("checkpoint", "timeout_s", "memory_snapshot", "verify_gradients")
+
+
+def _workload(spec: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in spec.items() if k not in _NOT_WORKLOAD}
+
+
+def _strategy(spec: Any) -> str:
+    ck = spec.get("checkpoint") if isinstance(spec, Mapping) else None
+    return str(ck.get("strategy", "none")) if isinstance(ck, Mapping) else "none"
+
+
+def compare_with_baseline(
+    session: Session, *, experiment: Experiment, noise_threshold_pct: float = NOISE_THRESHOLD_PCT
+) -> Comparison:
+    """The comparison of ``experiment`` with its baseline (see :class:`Comparison`).
+
+    The baseline's timed steps of all its runs are pooled, so that a drift between them
+    widens the interval instead of biasing it. ``noise_threshold_pct``: the least estimate
+    that counts as a difference (:attr:`ckptlab.stats.RatioInterval.measurable`).
+    """
+    spec = experiment.spec if isinstance(experiment.spec, Mapping) else {}
+    if _strategy(spec) == "none":
+        return Comparison(experiment_id=experiment.id, is_baseline=True)
+    if experiment.sweep_id is not None:
+        sweep = store.get_sweep(session, sweep_id=experiment.sweep_id)
+        rows = sweep_rows(sweep, noise_threshold_pct=noise_threshold_pct) if sweep is not None else []
+        row = next((r for r in rows if r.experiment_id == experiment.id), None)
+        if row is not None and row.baseline_id is not None:
+            ids = [
+                r.experiment_id
+                for r in rows
+                if r.role == "baseline"
+                and r.status == Status.SUCCEEDED
+                and (r.experiment_id == row.baseline_id or r.repeat_of == row.baseline_id)
+            ]
+            return Comparison(experiment.id, False, ids, row.overhead, row.overhead_text)
+    want = _workload(spec)
+    candidates = session.scalars(
+        select(Experiment)
+        .where(
+            Experiment.strategy == "none",
+            Experiment.status == Status.SUCCEEDED,
+            Experiment.model_kind == experiment.model_kind,
+            Experiment.id != experiment.id,
+        )
+        .order_by(Experiment.id.desc())
+        .limit(_SCAN)
+    ).all()
+    matches = [e for e in candidates if isinstance(e.spec, Mapping) and _workload(e.spec) == want]
+    matches = sorted(matches[:MAX_BASELINE_RUNS], key=lambda e: e.id)
+    if not matches:
+        return Comparison(experiment_id=experiment.id, is_baseline=False)
+    pooled = [t for e in matches for t in step_samples(e.summary)]
+    interval = ratio_ci(pooled, step_samples(experiment.summary), threshold_pct=noise_threshold_pct)
+    return Comparison(
+        experiment_id=experiment.id,
+        is_baseline=False,
+        baseline_ids=[e.id for e in matches],
+        overhead=interval.as_dict() if interval else None,
+        overhead_text=overhead_words(interval),
+    )
