@@ -25,7 +25,9 @@ After procrastinate / rq, hardened for long unattended sweeps:
 - **Many devices.** One slot thread per device (``cuda:0``, ``cuda:1``, ... and
   ``cpu_slots`` slots for ``cpu``, by default one per 4 cores), each with its own child; the
   slot's device is handed to :func:`worker.engine.run_experiment`. CPU slots split the
-  host's cores: each CPU child runs ``torch.set_num_threads(cpu_count // cpu_slots)``.
+  host's cores: each CPU child runs ``torch.set_num_threads(cpu_count // cpu_slots)``, and
+  no more CPU experiments run at once than the cores hold (``cpu_count // threads``): extra
+  slots wait for a free core rather than contend for it.
 - **Writes off the hot path.** The child buffers steps in a :class:`~worker.writer.StepWriter`
   whose thread commits them every 0.2 s (retrying a locked or unreachable database).
 - **Watched side tasks.** The heartbeat and the reaper are
@@ -36,6 +38,7 @@ After procrastinate / rq, hardened for long unattended sweeps:
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Sequence
@@ -114,6 +117,10 @@ def _validated(raw: object) -> ExperimentSpec | None:
         return None
 
 
+class _SlotDone(Exception):
+    """A slot has nothing more to do."""
+
+
 class _Slot(threading.Thread):
     """Claims and runs one experiment at a time on one device, each in a fresh child."""
 
@@ -137,41 +144,67 @@ class _Slot(threading.Thread):
             log.warning("claim failed", exc_info=True)
             return None
 
+    def _gate(self) -> bool:
+        """On ``cpu``, wait for a free core (:attr:`WorkerState.cpu_gate`); False on stop."""
+        gate = self.w.cpu_gate if self.device == "cpu" else None
+        while gate is not None and not gate.acquire(timeout=self.w.poll_interval_s):
+            if self.w.stop.is_set():
+                return False
+        return True
+
+    def _ungate(self) -> None:
+        if self.device == "cpu" and self.w.cpu_gate is not None:
+            self.w.cpu_gate.release()
+
     def _loop(self) -> None:
         w = self.w
         runner = ChildRunner(w)
         try:
             while not w.stop.is_set():
-                if not w.take_ticket():
+                if not self._gate():
                     return
-                if not w.lease_ok():  # our heartbeats fail: claim nothing we might lose
-                    w.return_ticket()
-                    w.stop.wait(w.poll_interval_s)
-                    continue
-                exp = self._claim()
-                if exp is None:
-                    w.return_ticket()
-                    if w.exit_when_idle:
-                        return
-                    w.stop.wait(w.poll_interval_s)
-                    continue
-                spec = _validated(exp.spec)
-                job = Job(
-                    experiment_id=exp.id,
-                    attempt=exp.attempt,
-                    device=self.device,
-                    snapshot_dir=str(w.settings.data_dir.resolve() / "snapshots"),
-                    claimed_at=time.time(),
-                    cpu_threads=w.cpu_threads if self.device == "cpu" else None,
-                    spec=spec,
-                    memory_limit_bytes=run_memory_limit(spec, self.device, w.settings.worker_memory_bytes),
-                )
-                timeout_s = (spec.timeout_s if spec else None) or w.settings.default_timeout_s
-                log.info("running experiment %s (attempt %s) on %s", exp.id, exp.attempt, self.device)
-                runner.execute(job, timeout_s=timeout_s, prestart=not w.stop.is_set())
-                self.ran += 1
+                try:
+                    self._claim_and_run(runner)
+                except _SlotDone:
+                    return
+                finally:
+                    self._ungate()
         finally:
             runner.close()
+
+    def _claim_and_run(self, runner: ChildRunner) -> None:
+        """Claim one experiment and run it to its end; nothing when the queue is empty or the
+        lease is in doubt (after a poll interval). Raises :class:`_SlotDone` when the slot
+        is done (its ticket quota is spent, or the queue is empty under ``exit_when_idle``)."""
+        w = self.w
+        if not w.take_ticket():
+            raise _SlotDone
+        if not w.lease_ok():  # our heartbeats fail: claim nothing we might lose
+            w.return_ticket()
+            w.stop.wait(w.poll_interval_s)
+            return
+        exp = self._claim()
+        if exp is None:
+            w.return_ticket()
+            if w.exit_when_idle:
+                raise _SlotDone
+            w.stop.wait(w.poll_interval_s)
+            return
+        spec = _validated(exp.spec)
+        job = Job(
+            experiment_id=exp.id,
+            attempt=exp.attempt,
+            device=self.device,
+            snapshot_dir=str(w.settings.data_dir.resolve() / "snapshots"),
+            claimed_at=time.time(),
+            cpu_threads=w.cpu_threads if self.device == "cpu" else None,
+            spec=spec,
+            memory_limit_bytes=run_memory_limit(spec, self.device, w.settings.worker_memory_bytes),
+        )
+        timeout_s = (spec.timeout_s if spec else None) or w.settings.default_timeout_s
+        log.info("running experiment %s (attempt %s) on %s", exp.id, exp.attempt, self.device)
+        runner.execute(job, timeout_s=timeout_s, prestart=not w.stop.is_set())
+        self.ran += 1
 
 
 def run_worker(
@@ -257,6 +290,18 @@ def run_worker(
         beat=beat,
     )
     w.cpu_threads = threads_each  # CPU slots share the cores instead of oversubscribing them
+    cores_fit = max(1, (os.cpu_count() or 1) // threads_each)
+    if slots.count("cpu") > cores_fit:
+        # More CPU children than cores only contend (measured: 4 slots on 2 cores ran a sweep
+        # 43% slower than 2; docs/benchmarks.md): the extra slots wait for a free core.
+        w.cpu_gate = threading.BoundedSemaphore(cores_fit)
+        log.warning(
+            "%d CPU slots of %d torch threads on %d cores: at most %d CPU experiments run at once",
+            slots.count("cpu"),
+            threads_each,
+            os.cpu_count() or 1,
+            cores_fit,
+        )
     threads = [_Slot(w, device, i) for i, device in enumerate(slots)]
     try:
         for t in threads:

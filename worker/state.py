@@ -53,6 +53,8 @@ class WorkerState:
         self.beat = beat
         #: torch threads per CPU slot (the cores split between the CPU slots); None: torch's default.
         self.cpu_threads: int | None = None
+        #: At most this many CPU experiments run at once (None: no limit); see run_worker.
+        self.cpu_gate: threading.BoundedSemaphore | None = None
         self.started = 0
         self._lock = threading.Lock()
         self._stop_seen: float | None = None

@@ -1,3 +1,5 @@
+import logging
+
 import pytest
 
 from ckptlab.db.store import create_experiment, get_experiment, list_steps
@@ -84,7 +86,6 @@ def test_the_engine_gets_the_slot_device_where_the_spec_allows(spec_device, slot
 
 
 def test_a_side_task_that_dies_stops_the_worker_with_a_logged_reason(database_url, monkeypatch, caplog):
-    import logging
     import threading
 
     def broken(*_args, **_kwargs):
@@ -135,3 +136,19 @@ def test_default_cpu_slots_are_one_per_four_cores(monkeypatch):
         assert default_cpu_slots() == slots
     monkeypatch.setattr("os.cpu_count", lambda: 16)
     assert [cpu_threads_per_slot(n) for n in (1, 2, 4, 32)] == [16, 8, 4, 1]
+
+
+def test_cpu_slots_beyond_the_cores_wait_for_a_free_core(database_url, db_session, monkeypatch, caplog):
+    # 4 one-thread slots on 2 cores: at most 2 CPU experiments run at once.
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    ids = [create_experiment(db_session, spec=make_spec(seed=i)).id for i in range(6)]
+    with caplog.at_level(logging.WARNING):
+        ran = run_worker(database_url=database_url, exit_when_idle=True, devices=["cpu"], cpu_slots=4, cpu_threads=1)
+    assert ran == 6
+    assert "4 CPU slots of 1 torch threads on 2 cores: at most 2 CPU experiments run at once" in caplog.text
+    db_session.expire_all()
+    rows = [get_experiment(db_session, experiment_id=i) for i in ids]
+    assert [r.status for r in rows] == ["succeeded"] * 6
+    events = sorted([(r.started_at, 1) for r in rows] + [(r.finished_at, -1) for r in rows])
+    running = [sum(d for _, d in events[: k + 1]) for k in range(len(events))]
+    assert max(running) <= 2, events
