@@ -10,7 +10,15 @@ from __future__ import annotations
 from typing import Any
 
 from ckptlab.settings import Settings
-from ckptlab.spec import DenseNetSpec, ExperimentSpec, MLPSpec, ResNetSpec, TransformerSpec
+from ckptlab.spec import (
+    MODEL_ENTRY_POINT_GROUP,
+    DenseNetSpec,
+    ExperimentSpec,
+    MLPSpec,
+    ResNetSpec,
+    TransformerSpec,
+    installed_model_names,
+)
 
 __all__ = ["estimate_param_count", "estimate_fixed_bytes", "limit_errors"]
 
@@ -108,7 +116,8 @@ def limit_errors(spec: ExperimentSpec, settings: Settings, *, loc: tuple[str | i
         spec: a validated experiment spec.
         settings: supplies ``max_steps``, ``max_batch_size``, ``max_param_count`` and
             ``worker_memory_bytes`` (the capacity the fixed memory,
-            :func:`estimate_fixed_bytes`, must fit in).
+            :func:`estimate_fixed_bytes`, must fit in); with ``check_model_entry_points``
+            a ``custom`` model must name an installed entry point.
         loc: prefix of each error's location (default ``("body",)``).
 
     Returns:
@@ -142,6 +151,17 @@ def limit_errors(spec: ExperimentSpec, settings: Settings, *, loc: tuple[str | i
             spec.model.kind,
             f"the model has {params:,} parameters, over this server's limit of {settings.max_param_count:,}",
         )
+    if spec.model.kind == "custom" and settings.check_model_entry_points:
+        names = installed_model_names()
+        if spec.model.name not in names:
+            err(
+                ("model", "name"),
+                spec.model.name,
+                f"no model {spec.model.name!r} is installed in entry-point group {MODEL_ENTRY_POINT_GROUP!r} "
+                f"(installed: {', '.join(sorted(names)) or 'none'}); install the package that registers it "
+                "(no restart needed), or set CKPTLAB_CHECK_MODEL_ENTRY_POINTS=false if the API runs "
+                "without the workers' model packages",
+            )
     fixed = estimate_fixed_bytes(spec)
     if fixed is not None and fixed > settings.worker_memory_bytes:
         err(

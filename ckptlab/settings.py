@@ -63,6 +63,11 @@ class Settings(BaseSettings):
             ``memory_limit_bytes`` when lower; see :mod:`worker.hostmem`), so exhaustion is
             recorded ``oom``; the API rejects specs whose parameters, gradients and
             optimizer state alone exceed it (set it on the backend to the workers' figure).
+        check_model_entry_points: the API answers 422 for a ``custom`` model whose name is
+            not an installed ``ckptlab.models`` entry point of its own environment
+            (``CKPTLAB_CHECK_MODEL_ENTRY_POINTS``, default true; read from package metadata,
+            nothing imported). Turn it off when the API runs without the workers' model
+            packages.
         max_steps: most ``steps`` a submitted spec may ask for (default 100000).
         max_batch_size: most ``batch_size`` a submitted spec may ask for (default 65536).
         max_param_count: most model parameters a submitted spec may build, estimated from
@@ -98,6 +103,7 @@ class Settings(BaseSettings):
     api_token: SecretStr | None = None
     cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
     worker_memory_bytes: int = Field(default_factory=host_memory_bytes, ge=1, le=2**60)
+    check_model_entry_points: bool = True
     max_steps: int = Field(100_000, ge=1)
     max_batch_size: int = Field(65_536, ge=1)
     max_param_count: int = Field(1_000_000_000, ge=1)

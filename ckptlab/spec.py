@@ -133,14 +133,32 @@ class DenseNetSpec(_Strict):
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
 
 
+#: Entry-point group under which installed packages register model factories.
+MODEL_ENTRY_POINT_GROUP = "ckptlab.models"
+
+
+def installed_model_names() -> set[str]:
+    """Names registered in the :data:`MODEL_ENTRY_POINT_GROUP` entry-point group of this
+    environment, read from the installed distributions' metadata (``importlib.metadata``):
+    nothing is imported. Read afresh on every call, so a package installed after start-up
+    is seen."""
+    import importlib
+    from importlib.metadata import entry_points
+
+    importlib.invalidate_caches()
+    return {ep.name for ep in entry_points(group=MODEL_ENTRY_POINT_GROUP)}
+
+
 class CustomModelSpec(_Strict):
     """A model registered by an installed package under the ``ckptlab.models`` entry-point
     group. Only installed entry points can be named; a request never names code to import.
 
     Args:
-        name: the entry point's name.
-        depth: number of blocks the factory returns (checked when the model is built).
-        options: keyword arguments for the factory (numbers, strings, booleans).
+        name: the entry point's name (an API that sees the installed entry points answers
+            422 for an unknown one, see ``Settings.check_model_entry_points``).
+        depth: number of blocks; passed to the factory as ``depth`` (unless ``options``
+            gives it) and checked against the blocks it returns.
+        options: other keyword arguments for the factory (numbers, strings, booleans).
     """
 
     kind: Literal["custom"] = "custom"

@@ -20,6 +20,9 @@ targets, else mean squared error.
 
 from __future__ import annotations
 
+import importlib
+import inspect
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
@@ -28,11 +31,18 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ckptlab.spec import CustomModelSpec, DenseNetSpec, MLPSpec, ResNetSpec, TransformerSpec
+from ckptlab.spec import (
+    MODEL_ENTRY_POINT_GROUP,
+    CustomModelSpec,
+    DenseNetSpec,
+    MLPSpec,
+    ResNetSpec,
+    TransformerSpec,
+)
 
 __all__ = ["Built", "ENTRY_POINT_GROUP", "build_model", "default_loss"]
 
-ENTRY_POINT_GROUP = "ckptlab.models"
+ENTRY_POINT_GROUP = MODEL_ENTRY_POINT_GROUP
 N_CLASSES = 10
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -224,19 +234,27 @@ def _densenet(spec: DenseNetSpec) -> Built:
 
 
 def _custom(spec: CustomModelSpec) -> Built:
-    """A model from the ``ckptlab.models`` entry-point group.
+    """A model from the ``ckptlab.models`` entry-point group, looked up when the experiment
+    is built (in the child of a claimed experiment), so a package installed while the worker
+    runs is found without a restart. The factory gets ``depth=spec.depth`` when it takes a
+    ``depth`` argument (or ``**kwargs``) and ``options`` does not set it, and ``options``.
 
     Raises:
         ValueError: no installed entry point has that name, the factory's result has the
             wrong shape, or its block count differs from ``spec.depth``.
     """
+    _see_new_packages()
     found = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == spec.name]
     if not found:
         names = sorted(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))
         raise ValueError(
             f"no model {spec.name!r} in entry-point group {ENTRY_POINT_GROUP!r}; installed: {names or 'none'}"
         )
-    result = found[0].load()(**spec.options)
+    factory = found[0].load()
+    kwargs = dict(spec.options)
+    if "depth" not in kwargs and _takes(factory, "depth"):
+        kwargs["depth"] = spec.depth
+    result = factory(**kwargs)
     if not isinstance(result, tuple) or len(result) not in (3, 4):
         raise ValueError(f"factory {spec.name!r} must return (module, blocks, make_batch[, loss_fn])")
     module, blocks, make_batch = result[:3]
@@ -246,6 +264,30 @@ def _custom(spec: CustomModelSpec) -> Built:
     if len(blocks) != spec.depth:
         raise ValueError(f"factory {spec.name!r} returned {len(blocks)} blocks but model.depth is {spec.depth}")
     return Built(module, blocks, make_batch, loss_fn)
+
+
+def _see_new_packages() -> None:
+    """Make packages installed since this process started importable: drop the import
+    system's directory caches, and re-read the site directories' ``.pth`` files, which is
+    where ``pip install -e`` puts a project's path (``site.addsitedir`` skips paths already
+    on ``sys.path``). Runs in the disposable child of one experiment."""
+    import site
+
+    importlib.invalidate_caches()
+    dirs = [*site.getsitepackages(), site.getusersitepackages()] if hasattr(site, "getsitepackages") else []
+    for d in dirs:
+        if os.path.isdir(d):
+            site.addsitedir(d)
+    importlib.invalidate_caches()
+
+
+def _takes(fn: Callable, name: str) -> bool:
+    """Whether ``fn`` accepts a keyword argument ``name`` (by name or ``**kwargs``)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
 
 
 _BUILDERS: dict[str, Callable[..., Built]] = {

@@ -272,3 +272,22 @@ def test_booleans_of_the_spec_are_strict(client):
         r = client.post("/api/experiments", json={**spec_dict(), field: 0})
         assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", field]
     assert client.get("/api/experiments").json()["count"] == 0
+
+
+def test_an_unknown_custom_model_is_a_422_at_submit_time(make_client, tmp_path, monkeypatch):
+    from tests.support import install_model_plugin
+
+    name = install_model_plugin(tmp_path, monkeypatch, name="api_plugin", module="ckptlab_api_plugin", source="")
+    c = make_client()
+    r = c.post("/api/experiments", json=spec_dict(model={"kind": "custom", "name": "nope", "depth": 2}))
+    assert r.status_code == 422
+    (error,) = [e for e in r.json()["detail"] if e["loc"] == ["body", "model", "name"]]
+    assert "no model 'nope' is installed" in error["msg"] and "api_plugin" in error["msg"]
+    # Installed: accepted (read from the package metadata; the API imports nothing).
+    installed = spec_dict(model={"kind": "custom", "name": name, "depth": 2})
+    assert c.post("/api/experiments", json=installed).status_code == 201
+    assert "ckptlab_api_plugin" not in sys.modules
+    # An API without the workers' model packages can leave the check to the workers.
+    relaxed = make_client(check_model_entry_points=False)
+    body = spec_dict(model={"kind": "custom", "name": "nope", "depth": 2})
+    assert relaxed.post("/api/experiments", json=body).status_code == 201

@@ -65,3 +65,36 @@ def test_block_count_is_checked(installed_plugin):
     spec = make_spec(model={"kind": "custom", "name": installed_plugin, "depth": 5, "options": {"depth": 4}})
     with pytest.raises(RunError, match="returned 4 blocks but model.depth is 5"):
         run_experiment(spec)
+
+
+def test_the_factory_gets_depth_unless_options_set_it(installed_plugin):
+    spec = make_spec(model={"kind": "custom", "name": installed_plugin, "depth": 5})
+    assert run_experiment(spec)["param_count"] == (8 * 16 + 16) + 5 * (16 * 16 + 16) + (16 + 1)
+
+
+def test_a_package_installed_while_the_worker_runs_is_found_without_a_restart(
+    tmp_path, monkeypatch, database_url, data_dir, db_session
+):
+    from ckptlab.db.store import create_experiment, get_experiment
+    from ckptlab.domain import FINISHED_STATUSES
+    from ckptlab.settings import Settings
+    from tests.support import in_process_worker, wait_for
+
+    site = tmp_path / "site"
+    site.mkdir()
+    monkeypatch.syspath_prepend(str(site))  # on the path when the worker starts, still empty
+    settings = Settings(database_url=database_url, data_dir=data_dir)
+
+    def finished(exp_id):
+        db_session.expire_all()
+        row = get_experiment(db_session, experiment_id=exp_id)
+        return row if row.status in FINISHED_STATUSES else None
+
+    with in_process_worker(settings):
+        first = create_experiment(db_session, spec=make_spec()).id
+        assert wait_for(lambda: finished(first), timeout=60).status == "succeeded"  # the worker is warm
+        name = install_model_plugin(site, monkeypatch, name="late_plugin", module="ckptlab_late_plugin", source=PLUGIN)
+        late = create_experiment(db_session, spec=make_spec(model={"kind": "custom", "name": name, "depth": 2})).id
+        row = wait_for(lambda: finished(late), timeout=60)
+    sys.modules.pop("ckptlab_late_plugin", None)
+    assert row.status == "succeeded", row.error
