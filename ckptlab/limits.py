@@ -117,7 +117,8 @@ def limit_errors(spec: ExperimentSpec, settings: Settings, *, loc: tuple[str | i
         settings: supplies ``max_steps``, ``max_batch_size``, ``max_param_count`` and
             ``worker_memory_bytes`` (the capacity the fixed memory,
             :func:`estimate_fixed_bytes`, must fit in); with ``check_model_entry_points``
-            a ``custom`` model must name an installed entry point.
+            a ``custom`` model must name an installed entry point; a ``python`` target must
+            be in ``allowed_model_targets`` (compared as text: nothing is imported).
         loc: prefix of each error's location (default ``("body",)``).
 
     Returns:
@@ -162,6 +163,15 @@ def limit_errors(spec: ExperimentSpec, settings: Settings, *, loc: tuple[str | i
                 "(no restart needed), or set CKPTLAB_CHECK_MODEL_ENTRY_POINTS=false if the API runs "
                 "without the workers' model packages",
             )
+    if spec.model.kind == "python" and spec.model.target not in settings.allowed_model_targets:
+        allowed = ", ".join(settings.allowed_model_targets) or "none"
+        err(
+            ("model", "target"),
+            spec.model.target,
+            f"python target {spec.model.target!r} is not allowed on this server (allowed: {allowed}); "
+            "an operator allows exact names with CKPTLAB_ALLOWED_MODEL_TARGETS, or run it in your own "
+            "process with `ckptlab run`",
+        )
     fixed = estimate_fixed_bytes(spec)
     if fixed is not None and fixed > settings.worker_memory_bytes:
         err(

@@ -68,6 +68,9 @@ class Settings(BaseSettings):
             (``CKPTLAB_CHECK_MODEL_ENTRY_POINTS``, default true; read from package metadata,
             nothing imported). Turn it off when the API runs without the workers' model
             packages.
+        allowed_model_targets: ``python`` model targets (``package.module:factory``, exact
+            names) this API accepts and this worker imports (``CKPTLAB_ALLOWED_MODEL_TARGETS``,
+            comma-separated or a JSON list). Default: none.
         max_steps: most ``steps`` a submitted spec may ask for (default 100000).
         max_batch_size: most ``batch_size`` a submitted spec may ask for (default 65536).
         max_param_count: most model parameters a submitted spec may build, estimated from
@@ -104,6 +107,7 @@ class Settings(BaseSettings):
     cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
     worker_memory_bytes: int = Field(default_factory=host_memory_bytes, ge=1, le=2**60)
     check_model_entry_points: bool = True
+    allowed_model_targets: Annotated[list[str], NoDecode] = Field(default_factory=list)
     max_steps: int = Field(100_000, ge=1)
     max_batch_size: int = Field(65_536, ge=1)
     max_param_count: int = Field(1_000_000_000, ge=1)
@@ -123,7 +127,7 @@ class Settings(BaseSettings):
         # token that no request can match.
         return None if isinstance(v, str) and not v.strip() else v
 
-    @field_validator("cors_origins", mode="before")
+    @field_validator("cors_origins", "allowed_model_targets", mode="before")
     @classmethod
     def _split_origins(cls, value: object) -> object:
         """Accept ``a,b`` as well as a JSON list from the environment."""

@@ -26,6 +26,7 @@ __all__ = [
     "TransformerSpec",
     "DenseNetSpec",
     "CustomModelSpec",
+    "PythonModelSpec",
     "ModelSpec",
     "CheckpointSpec",
     "ExperimentSpec",
@@ -39,7 +40,7 @@ __all__ = [
 STRATEGIES = ("none", "sequential", "per_block", "selective", "offload")
 #: Named policies for strategy ``selective`` (see ``worker.strategies``).
 SELECTIVE_POLICIES = ("save_matmuls", "save_matmuls_and_attention", "recompute_all")
-MODEL_KINDS = ("mlp", "resnet", "transformer", "densenet", "custom")
+MODEL_KINDS = ("mlp", "resnet", "transformer", "densenet", "custom", "python")
 #: Largest ``memory_limit_bytes`` a spec may give: 1 PiB, above any device or host.
 MAX_MEMORY_LIMIT_BYTES = 2**50
 
@@ -167,8 +168,31 @@ class CustomModelSpec(_Strict):
     options: dict[str, int | float | bool | str] = Field(default_factory=dict, max_length=64)
 
 
+class PythonModelSpec(_Strict):
+    """A model factory named by its import path, ``package.module:factory``, with the same
+    contract as a ``custom`` entry point. A worker imports it only when its operator allowed
+    that exact name (``CKPTLAB_ALLOWED_MODEL_TARGETS``); ``ckptlab run`` in one's own process
+    always may. The API never imports it: a target outside the allow-list is a 422.
+
+    Args:
+        target: ``package.module:factory`` (dotted module path, colon, attribute name).
+        depth: number of blocks; passed to the factory as ``depth`` (unless ``kwargs``
+            gives it) and checked against the blocks it returns.
+        kwargs: other keyword arguments for the factory (numbers, strings, booleans).
+    """
+
+    kind: Literal["python"] = "python"
+    target: str = Field(
+        min_length=3,
+        max_length=200,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$",
+    )
+    depth: int = Field(ge=1, le=4096)
+    kwargs: dict[str, int | float | bool | str] = Field(default_factory=dict, max_length=64)
+
+
 ModelSpec = Annotated[
-    MLPSpec | ResNetSpec | TransformerSpec | DenseNetSpec | CustomModelSpec,
+    MLPSpec | ResNetSpec | TransformerSpec | DenseNetSpec | CustomModelSpec | PythonModelSpec,
     Field(discriminator="kind"),
 ]
 

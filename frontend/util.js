@@ -128,6 +128,7 @@ export function modelLabel(spec) {
     case 'resnet': return `resnet ${m.depth} blocks, ${m.channels} ch, ${m.image_size}px`;
     case 'densenet': return `densenet ${m.depth}, k=${m.growth_rate}, ${m.image_size}px`;
     case 'custom': return `custom ${m.name} (${m.depth})`;
+    case 'python': return `python ${m.target} (${m.depth})`;
     default: return `${m.kind || '?'} ${m.depth ?? ''}`.trim();
   }
 }

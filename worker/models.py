@@ -36,6 +36,7 @@ from ckptlab.spec import (
     CustomModelSpec,
     DenseNetSpec,
     MLPSpec,
+    PythonModelSpec,
     ResNetSpec,
     TransformerSpec,
 )
@@ -236,12 +237,11 @@ def _densenet(spec: DenseNetSpec) -> Built:
 def _custom(spec: CustomModelSpec) -> Built:
     """A model from the ``ckptlab.models`` entry-point group, looked up when the experiment
     is built (in the child of a claimed experiment), so a package installed while the worker
-    runs is found without a restart. The factory gets ``depth=spec.depth`` when it takes a
-    ``depth`` argument (or ``**kwargs``) and ``options`` does not set it, and ``options``.
+    runs is found without a restart. The factory is called as :func:`_from_factory` says.
 
     Raises:
-        ValueError: no installed entry point has that name, the factory's result has the
-            wrong shape, or its block count differs from ``spec.depth``.
+        ValueError: no installed entry point has that name, or the factory's result is
+            wrong (see :func:`_from_factory`).
     """
     _see_new_packages()
     found = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == spec.name]
@@ -250,19 +250,48 @@ def _custom(spec: CustomModelSpec) -> Built:
         raise ValueError(
             f"no model {spec.name!r} in entry-point group {ENTRY_POINT_GROUP!r}; installed: {names or 'none'}"
         )
-    factory = found[0].load()
-    kwargs = dict(spec.options)
+    return _from_factory(found[0].load(), spec.options, depth=spec.depth, label=spec.name)
+
+
+def _python(spec: PythonModelSpec) -> Built:
+    """A model from the factory at ``spec.target`` (``package.module:factory``), imported
+    here. Whether it may be imported is decided before: a worker checks its allow-list
+    (:func:`worker.outcome.record_run`), the API never imports it.
+
+    Raises:
+        ValueError: the module or attribute does not exist, or the factory's result is
+            wrong (see :func:`_from_factory`).
+    """
+    _see_new_packages()
+    module_name, attr = spec.target.split(":")
+    try:
+        factory = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"python target {spec.target!r} cannot be loaded: {exc}") from exc
+    return _from_factory(factory, spec.kwargs, depth=spec.depth, label=spec.target)
+
+
+def _from_factory(factory: Callable, options: dict, *, depth: int, label: str) -> Built:
+    """Call a model factory: ``factory(depth=depth, **options)`` (``depth`` only when the
+    factory takes it, by name or ``**kwargs``, and ``options`` does not set it). It returns
+    ``(module, blocks, make_batch)`` or ``(module, blocks, make_batch, loss_fn)``.
+
+    Raises:
+        ValueError: the result has the wrong shape, ``blocks`` is not an
+            ``nn.Sequential`` / ``nn.ModuleList``, or it holds other than ``depth`` blocks.
+    """
+    kwargs = dict(options)
     if "depth" not in kwargs and _takes(factory, "depth"):
-        kwargs["depth"] = spec.depth
+        kwargs["depth"] = depth
     result = factory(**kwargs)
     if not isinstance(result, tuple) or len(result) not in (3, 4):
-        raise ValueError(f"factory {spec.name!r} must return (module, blocks, make_batch[, loss_fn])")
+        raise ValueError(f"factory {label!r} must return (module, blocks, make_batch[, loss_fn])")
     module, blocks, make_batch = result[:3]
     loss_fn = result[3] if len(result) == 4 else default_loss
     if not isinstance(blocks, (nn.Sequential, nn.ModuleList)):
-        raise ValueError(f"factory {spec.name!r}: blocks must be nn.Sequential or nn.ModuleList")
-    if len(blocks) != spec.depth:
-        raise ValueError(f"factory {spec.name!r} returned {len(blocks)} blocks but model.depth is {spec.depth}")
+        raise ValueError(f"factory {label!r}: blocks must be nn.Sequential or nn.ModuleList")
+    if len(blocks) != depth:
+        raise ValueError(f"factory {label!r} returned {len(blocks)} blocks but model.depth is {depth}")
     return Built(module, blocks, make_batch, loss_fn)
 
 
@@ -296,6 +325,7 @@ _BUILDERS: dict[str, Callable[..., Built]] = {
     "transformer": _transformer,
     "densenet": _densenet,
     "custom": _custom,
+    "python": _python,
 }
 
 

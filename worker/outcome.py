@@ -52,6 +52,9 @@ class Job:
         memory_limit_bytes: host memory the run may use (bytes); the child runs under a
             cap a little above it (:func:`worker.hostmem.apply_cap`). None: no cap
             (``ckptlab run``).
+        allowed_model_targets: ``python`` model targets this worker may import (its
+            ``allowed_model_targets`` setting); None: any (``ckptlab run``, one's own
+            process). A target outside them fails the run before anything is imported.
     """
 
     experiment_id: int
@@ -62,6 +65,7 @@ class Job:
     cpu_threads: int | None = None
     spec: ExperimentSpec | None = None
     memory_limit_bytes: int | None = None
+    allowed_model_targets: tuple[str, ...] | None = None
 
 
 def error_text(exc: BaseException) -> str:
@@ -105,6 +109,12 @@ def record_run(Session: sessionmaker[Session], job: Job) -> Status:
     writer = StepWriter(Session, experiment_id=job.experiment_id, attempt=job.attempt).start()
     try:
         spec = job.spec or ExperimentSpec.model_validate(spec_json)
+        allowed = job.allowed_model_targets
+        if spec.model.kind == "python" and allowed is not None and spec.model.target not in allowed:
+            raise RunError(
+                f"python target {spec.model.target!r} is not allowed on this worker; its operator allows "
+                "exact names with CKPTLAB_ALLOWED_MODEL_TARGETS"
+            )
         if spec.memory_snapshot and job.snapshot_dir:
             Path(job.snapshot_dir).mkdir(parents=True, exist_ok=True)
             snapshot = str(Path(job.snapshot_dir) / f"experiment-{job.experiment_id}-attempt-{job.attempt}.pickle")

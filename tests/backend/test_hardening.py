@@ -291,3 +291,19 @@ def test_an_unknown_custom_model_is_a_422_at_submit_time(make_client, tmp_path, 
     relaxed = make_client(check_model_entry_points=False)
     body = spec_dict(model={"kind": "custom", "name": "nope", "depth": 2})
     assert relaxed.post("/api/experiments", json=body).status_code == 201
+
+
+def test_a_python_target_the_operator_did_not_allow_is_a_422_and_never_imported(make_client):
+    body = spec_dict(model={"kind": "python", "target": "ckptlab_never_imported:factory", "depth": 2})
+    c = make_client()
+    r = c.post("/api/experiments", json=body)
+    assert r.status_code == 422
+    (error,) = [e for e in r.json()["detail"] if e["loc"] == ["body", "model", "target"]]
+    assert "is not allowed on this server" in error["msg"]
+    assert count(c) == 0 and "ckptlab_never_imported" not in sys.modules
+    sweep = {"name": "x", "base": body, "axes": {"amp": ["off"]}}
+    assert c.post("/api/sweeps", json=sweep).status_code == 422
+    # Allowed by exact name: stored for a worker (the API still imports nothing).
+    allowed = make_client(allowed_model_targets=["ckptlab_never_imported:factory"])
+    assert allowed.post("/api/experiments", json=body).status_code == 201
+    assert "ckptlab_never_imported" not in sys.modules

@@ -1,6 +1,7 @@
 """Users' own models through the ``ckptlab.models`` entry-point group."""
 
 import sys
+import textwrap
 
 import pytest
 
@@ -98,3 +99,37 @@ def test_a_package_installed_while_the_worker_runs_is_found_without_a_restart(
         row = wait_for(lambda: finished(late), timeout=60)
     sys.modules.pop("ckptlab_late_plugin", None)
     assert row.status == "succeeded", row.error
+
+
+@pytest.fixture
+def python_target(tmp_path, monkeypatch):
+    """``ckptlab_target_model:factory``, a module on sys.path (not a distribution)."""
+    (tmp_path / "ckptlab_target_model.py").write_text(textwrap.dedent(PLUGIN))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield "ckptlab_target_model:factory"
+    sys.modules.pop("ckptlab_target_model", None)
+
+
+def test_a_python_target_runs_in_ones_own_process(python_target):
+    spec = make_spec(model={"kind": "python", "target": python_target, "depth": 3, "kwargs": {"hidden": 16}})
+    summary = run_experiment(spec)
+    assert summary["param_count"] == (8 * 16 + 16) + 3 * (16 * 16 + 16) + (16 + 1)
+    with pytest.raises(RunError, match="cannot be loaded"):
+        run_experiment(make_spec(model={"kind": "python", "target": "ckptlab_target_model:nope", "depth": 3}))
+
+
+def test_a_worker_runs_only_the_python_targets_its_operator_allowed(python_target, database_url, data_dir, db_session):
+    from ckptlab.db.store import create_experiment, get_experiment
+    from ckptlab.settings import Settings
+    from worker.service import run_worker
+
+    spec = make_spec(model={"kind": "python", "target": python_target, "depth": 2})
+    for allowed, status in (([], "failed"), ([python_target], "succeeded")):
+        exp_id = create_experiment(db_session, spec=spec).id
+        settings = Settings(database_url=database_url, data_dir=data_dir, allowed_model_targets=allowed)
+        assert run_worker(database_url=database_url, exit_when_idle=True, devices=["cpu"], settings=settings) == 1
+        db_session.expire_all()
+        row = get_experiment(db_session, experiment_id=exp_id)
+        assert row.status == status, row.error
+        if status == "failed":
+            assert "is not allowed on this worker" in row.error
