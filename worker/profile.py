@@ -1,0 +1,147 @@
+"""``ckptlab.profile``: the engine on a model in hand, from a notebook or a script.
+
+The run is the same as a queued experiment's (memory pass, timing pass, gradient check),
+executed in the caller's process, and stored like ``ckptlab run`` stores one, so that it
+appears in the dashboard beside the others. The stored spec names the model by its class
+(``{"kind": "python", "target": "module:ClassName", "depth": blocks}``); nothing is
+imported by that name: the model is handed to the engine through
+:func:`worker.models.in_hand_model`.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from ckptlab.domain import Status
+from ckptlab.spec import ExperimentSpec
+from worker.models import Built, in_hand_model
+
+__all__ = ["profile", "find_blocks"]
+
+
+def find_blocks(model: nn.Module) -> str:
+    """The qualified name of ``model``'s repeated blocks: the longest ``nn.ModuleList`` or
+    ``nn.Sequential`` whose children all have one type (the first of equal length).
+
+    Raises:
+        ValueError: ``model`` holds no such container.
+    """
+    best: tuple[int, str] | None = None
+    for name, mod in model.named_modules():
+        if isinstance(mod, (nn.ModuleList, nn.Sequential)) and len(mod) > 0:
+            if len({type(c) for c in mod}) == 1 and (best is None or len(mod) > best[0]):
+                best = (len(mod), name)
+    if best is None:
+        raise ValueError(
+            f"{type(model).__name__} has no nn.ModuleList / nn.Sequential of same-type blocks; pass blocks="
+        )
+    return best[1]
+
+
+def _blocks_name(model: nn.Module, blocks: nn.Module | str | None) -> str:
+    if blocks is None:
+        return find_blocks(model)
+    if isinstance(blocks, str):
+        model.get_submodule(blocks)  # AttributeError names what is missing
+        return blocks
+    for name, mod in model.named_modules():
+        if mod is blocks:
+            return name
+    raise ValueError("blocks is not a submodule of model")
+
+
+def profile(
+    model: nn.Module,
+    sample: torch.Tensor | Sequence[torch.Tensor],
+    *,
+    blocks: nn.Module | str | None = None,
+    strategy: str = "none",
+    steps: int = 10,
+    timed_steps: int = 20,
+    optimizer: str = "adam",
+    amp: str = "off",
+    device: str = "cpu",
+    loss_fn: Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor] | None = None,
+    verify_gradients: bool = True,
+    database_url: str | None = None,
+    **checkpoint: Any,
+) -> dict[str, Any]:
+    """Run ckptlab's engine on ``model`` in this process, store the run, return its summary.
+
+    Args:
+        model: any ``nn.Module``; it is not changed (each run builds a deep copy).
+        sample: the inputs of one micro-batch, or ``(inputs, targets)``; the batch size is
+            the inputs' first dimension. Every step uses this batch.
+        blocks: the container of repeated blocks to checkpoint (a submodule or its
+            qualified name). Default: :func:`find_blocks`. ``model.forward`` must apply
+            them in order, one tensor in and one out.
+        strategy: ``none``, ``sequential``, ``per_block``, ``selective`` or ``offload``;
+            its options (``segments``, ``every``, ``policy``, ``use_reentrant``,
+            ``preserve_rng_state``) as keyword arguments.
+        steps, timed_steps, optimizer, amp, device, verify_gradients: as in the
+            experiment spec (defaults 10, 20, adam, off, cpu, True).
+        loss_fn: ``(output, targets) -> scalar``. Default: with targets, the engine's
+            default loss (cross-entropy for integer targets, else MSE); without, the mean
+            of the squared output.
+        database_url: where to store the run. Default: the ckptlab settings' database
+            (``CKPTLAB_DATABASE_URL``, else SQLite under ``CKPTLAB_DATA_DIR``).
+
+    Returns:
+        The summary (as ``GET /api/experiments/{id}`` shows it) with ``experiment_id``
+        and ``status`` added.
+
+    Raises:
+        ValueError: no blocks found or given, or the spec these arguments make is
+            invalid (pydantic's ``ValidationError`` is a ``ValueError``).
+    """
+    from ckptlab.db.database import make_engine, make_sessionmaker, migrate
+    from ckptlab.db.store import create_experiment, get_experiment
+    from ckptlab.settings import get_settings
+    from worker.devices import default_worker_id
+    from worker.models import default_loss
+    from worker.service import execute_experiment
+
+    inputs, targets = (sample[0], sample[1]) if isinstance(sample, (tuple, list)) else (sample, None)
+    name = _blocks_name(model, blocks)
+    depth = len(model.get_submodule(name))
+    loss = loss_fn or (default_loss if targets is not None else lambda out, _t: out.float().square().mean())
+
+    batch = (inputs, targets if targets is not None else torch.empty(0))  # the engine moves both
+
+    def build() -> Built:
+        copied = copy.deepcopy(model)
+        return Built(copied, copied.get_submodule(name), lambda _n, _g: batch, loss)
+
+    target = f"{type(model).__module__}:{type(model).__name__}"
+    spec = ExperimentSpec.model_validate(
+        {
+            "model": {"kind": "python", "target": target, "depth": depth},
+            "batch_size": int(inputs.shape[0]),
+            "steps": steps,
+            "timed_steps": timed_steps,
+            "optimizer": optimizer,
+            "amp": amp,
+            "device": device,
+            "verify_gradients": verify_gradients,
+            "checkpoint": {"strategy": strategy, **checkpoint},
+        }
+    )
+    url = database_url or get_settings().resolved_database_url
+    engine = make_engine(url)
+    try:
+        migrate(engine)
+        Session = make_sessionmaker(engine)
+        with Session() as session:
+            exp = create_experiment(session, spec=spec, status=Status.RUNNING, worker_id=default_worker_id())
+        with in_hand_model(target, build):
+            execute_experiment(url, exp.id, exp.attempt, heartbeat=False)
+        with Session() as session:
+            exp = get_experiment(session, experiment_id=exp.id)
+        return {**(exp.summary or {}), "experiment_id": exp.id, "status": exp.status, "error": exp.error}
+    finally:
+        engine.dispose()
