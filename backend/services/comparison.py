@@ -59,11 +59,6 @@ def _workload(spec: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in spec.items() if k not in _NOT_WORKLOAD}
 
 
-def _strategy(spec: Any) -> str:
-    ck = spec.get("checkpoint") if isinstance(spec, Mapping) else None
-    return str(ck.get("strategy", "none")) if isinstance(ck, Mapping) else "none"
-
-
 def compare_with_baseline(
     session: Session, *, experiment: Experiment, noise_threshold_pct: float = NOISE_THRESHOLD_PCT
 ) -> Comparison:
@@ -74,7 +69,7 @@ def compare_with_baseline(
     that counts as a difference (:attr:`ckptlab.stats.RatioInterval.measurable`).
     """
     spec = experiment.spec if isinstance(experiment.spec, Mapping) else {}
-    if _strategy(spec) == "none":
+    if experiment.strategy == "none":  # the row's column, stored from the spec
         return Comparison(experiment_id=experiment.id, is_baseline=True)
     if experiment.sweep_id is not None:
         sweep = store.get_sweep(session, sweep_id=experiment.sweep_id)
