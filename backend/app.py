@@ -16,12 +16,13 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from fastapi_offline import FastAPIOffline
-from sqlalchemy.exc import DataError, IntegrityError
+from sqlalchemy.exc import DataError, IntegrityError, OperationalError
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from backend.api import experiments, meta, sweeps
 from backend.deps import WRITE_METHODS, require_write_token
 from backend.encoding import SafeJSONResponse
-from backend.middleware import AllowEveryMethod, BodySizeLimit
+from backend.middleware import MAX_JSON_DEPTH, AllowEveryMethod, BodySizeLimit, WriteGuard
 from backend.services.series import SeriesCache, series_warmer_task
 from backend.services.streams import SharedPolls, StreamSlots
 from ckptlab.db.database import make_engine, make_sessionmaker, migrate
@@ -46,11 +47,32 @@ Submit activation-checkpointing experiments and sweeps, follow them live (Server
 Events), and read their per-step series, charts and exports.
 
 - Inputs are validated: 422 names the field (``loc``); unknown fields are rejected; bodies
-  over the server's ``max_request_bytes`` get 413; unknown ids get 404.
+  over the server's ``max_request_bytes`` get 413, JSON nested deeper than {depth} levels
+  422; unknown ids get 404.
+- Writes (POST, PUT, PATCH, DELETE) send ``Content-Type: application/json`` when they send
+  anything (else 415); a browser's write from another origin than the server's own or
+  ``CKPTLAB_CORS_ORIGINS`` gets 403; a ``Host`` not in ``CKPTLAB_ALLOWED_HOSTS`` gets 400.
+- A database too busy to answer (a lock held longer than the busy timeout) gets 503 with
+  ``Retry-After``: send the same request again after that many seconds.
 - When the server sets ``CKPTLAB_API_TOKEN``, writes (POST, PUT, PATCH, DELETE) need
   ``Authorization: Bearer <token>``; reads stay open.
 - Times are in ms, memory in bytes, timestamps in UTC.
 """
+
+
+#: Seconds a client is told to wait after a 503 for a busy database (``Retry-After``).
+DB_BUSY_RETRY_AFTER_S = 2
+
+
+def _db_busy(request: Request, exc: Exception) -> JSONResponse:
+    """The database could not be reached or stayed locked past its busy timeout (SQLite: 5 s,
+    :data:`ckptlab.db.database.SQLITE_BUSY_TIMEOUT_MS`): nothing was written (the
+    transaction rolled back), so the same request can be sent again. 503, not a 500."""
+    return JSONResponse(
+        {"detail": f"the database is busy or unreachable; nothing was changed: retry in {DB_BUSY_RETRY_AFTER_S} s"},
+        status_code=503,
+        headers={"Retry-After": str(DB_BUSY_RETRY_AFTER_S)},
+    )
 
 
 def _data_error(request: Request, exc: Exception) -> JSONResponse:
@@ -101,7 +123,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     The database is migrated to the newest revision at start-up. With ``api_token`` set,
     writes need ``Authorization: Bearer <token>``; with ``cors_origins`` set, CORS is on for
-    those origins (it is off by default); bodies over ``max_request_bytes`` get 413.
+    those origins (it is off by default); bodies over ``max_request_bytes`` get 413. A
+    ``Host`` outside ``settings.trusted_hosts`` gets 400 and a cross-site or non-JSON write
+    403 / 415 (:class:`backend.middleware.WriteGuard`), with or without a token.
 
     Args:
         settings: the settings to serve with. Default: :func:`ckptlab.settings.get_settings`.
@@ -137,7 +161,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         title="ckptlab",
         version=_version(),
         summary="Activation-checkpointing experiments: memory against recomputation time.",
-        description=_DESCRIPTION,
+        description=_DESCRIPTION.format(depth=MAX_JSON_DEPTH),
         lifespan=lifespan,
         default_response_class=SafeJSONResponse,
     )
@@ -162,6 +186,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(DataError, _data_error)
     app.add_exception_handler(IntegrityError, _integrity_error)
+    app.add_exception_handler(OperationalError, _db_busy)
     if settings.cors_origins:
         app.add_middleware(
             CORSMiddleware,
@@ -171,5 +196,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         )
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)
     app.add_middleware(AllowEveryMethod, openapi=lambda: app.openapi())
+    # Outermost last: a foreign Host is refused before anything else (DNS rebinding), then
+    # cross-site and non-JSON writes (CSRF).
+    app.add_middleware(WriteGuard, allowed_origins=settings.cors_origins)
+    app.add_middleware(TrustedHostMiddleware, allowed_hosts=settings.trusted_hosts, www_redirect=False)
     _openapi_reads_need_no_token(app)
     return app

@@ -10,6 +10,7 @@ from fastapi import Depends, HTTPException, Path, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
+from backend.middleware import WRITE_METHODS
 from backend.services.series import SeriesCache
 from ckptlab.settings import Settings
 
@@ -28,8 +29,6 @@ __all__ = [
 
 #: Largest id a path accepts (SQLite and PostgreSQL integers are 64-bit); larger ones get 422.
 MAX_ID = 2**63 - 1
-#: Methods that need the API token when one is configured.
-WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 
 def get_session(request: Request) -> Iterator[Session]:

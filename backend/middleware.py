@@ -5,25 +5,62 @@ from __future__ import annotations
 import json
 import re
 from typing import Any
+from urllib.parse import urlsplit
 
-__all__ = ["BodySizeLimit", "AllowEveryMethod"]
+import numpy as np
+
+__all__ = ["BodySizeLimit", "AllowEveryMethod", "WriteGuard", "json_nesting_depth", "MAX_JSON_DEPTH"]
+
+#: Deepest nesting of arrays and objects a JSON body may have. A spec is 3 levels deep and a
+#: sweep 5; parsers, validators and error renderers recurse once per level, so a body
+#: nested ~1,000 deep would hit Python's recursion limit (a 500) before this.
+MAX_JSON_DEPTH = 32
+
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_NOT_BRACKETS = bytes(c for c in range(256) if c not in b"[]{}")
+_OPENER_CODES = np.frombuffer(b"[{", dtype=np.uint8)
+
+
+def json_nesting_depth(body: bytes) -> int:
+    """The deepest nesting of arrays and objects in a JSON text, without parsing it.
+
+    Strings are cut out first (brackets inside them do not count), then the running sum of
+    ``+1`` per ``[``/``{`` and ``-1`` per ``]``/``}`` is taken with numpy, so the cost is
+    linear in ``len(body)`` and nothing recurses. A malformed text may read deeper than it
+    is; it is refused by the parser in any case.
+
+    Args:
+        body: the raw request body, bytes.
+
+    Returns:
+        0 for a scalar, 1 for ``[1]`` or ``{}``, 2 for ``[[1]]``, ...
+    """
+    brackets = _JSON_STRING.sub(b"", body).translate(None, _NOT_BRACKETS)
+    if not brackets:
+        return 0
+    steps = np.where(np.isin(np.frombuffer(brackets, dtype=np.uint8), _OPENER_CODES), 1, -1)
+    return int(np.cumsum(steps).max())
 
 
 class BodySizeLimit:
-    """Answer 413 to a request whose body is larger than ``max_bytes``.
+    """Answer 413 to a request whose body is larger than ``max_bytes``, and 422 to a JSON body
+    nested deeper than ``max_depth``.
 
     A declared ``Content-Length`` over the limit is refused before anything is read; a
-    chunked body is read up to the limit, then refused. Accepted bodies are passed on
-    unchanged.
+    chunked body is read up to the limit, then refused. The nesting is measured by
+    :func:`json_nesting_depth` (no recursion) before any parser sees the body, so no
+    handler down the line can run out of stack. Accepted bodies are passed on unchanged.
 
     Args:
         app: the ASGI app to wrap.
         max_bytes: the largest body accepted, bytes.
+        max_depth: the deepest JSON nesting accepted (default :data:`MAX_JSON_DEPTH`).
     """
 
-    def __init__(self, app: Any, *, max_bytes: int):
+    def __init__(self, app: Any, *, max_bytes: int, max_depth: int = MAX_JSON_DEPTH):
         self.app = app
         self.max_bytes = max_bytes
+        self.max_depth = max_depth
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -56,21 +93,108 @@ class BodySizeLimit:
             chunks.append(body)
             if not message.get("more_body", False):
                 break
-        replay = [{"type": "http.request", "body": b"".join(chunks), "more_body": False}]
+        whole = b"".join(chunks)
+        if whole and json_nesting_depth(whole) > self.max_depth:
+            detail = [
+                {
+                    "type": "json_too_deep",
+                    "loc": ["body"],
+                    "msg": f"JSON is nested deeper than this server's limit of {self.max_depth} levels",
+                    "input": None,
+                }
+            ]
+            await _send_json(send, 422, {"detail": detail})
+            return
+        replay = [{"type": "http.request", "body": whole, "more_body": False}]
         await self.app(scope, _replay(replay, receive), send)
 
     async def _refuse(self, send: Any) -> None:
-        body = json.dumps(
-            {"detail": f"request body is larger than this server's limit of {self.max_bytes} bytes"}
-        ).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 413,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-            }
+        detail = f"request body is larger than this server's limit of {self.max_bytes} bytes"
+        await _send_json(send, 413, {"detail": detail})
+
+
+async def _send_json(send: Any, status: int, content: Any, headers: list[tuple[bytes, bytes]] = ()) -> None:
+    body = json.dumps(content).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                *headers,
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+#: Methods that change state: the API's writes.
+WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+
+class WriteGuard:
+    """Refuse writes another web site makes the user's browser send (cross-site request
+    forgery), whether or not an API token is set.
+
+    For a write (POST, PUT, PATCH, DELETE):
+
+    - **Origin.** When the request has an ``Origin`` header (browsers send one with every
+      request whose method is not GET or HEAD: Fetch standard, "origin header"), or else a
+      ``Referer``, its ``host[:port]`` must be the request's own ``Host`` (the same server,
+      whatever the scheme a TLS proxy in front adds) or the origin must be one of
+      ``allowed_origins``; otherwise 403. ``Origin: null`` (a sandboxed frame, a file) is
+      refused. A request with neither header is not a browser's cross-site request (curl,
+      scripts) and passes.
+    - **Content type.** A write that declares a ``Content-Type`` must declare
+      ``application/json``, and one with a body must declare it; otherwise 415. So no
+      "simple" cross-site request (``text/plain``, form encodings: no CORS preflight) can
+      reach a route, and a body-less ``POST .../cancel`` from curl still works.
+
+    Reads pass untouched: the ``Host`` check (Starlette's ``TrustedHostMiddleware``, added by
+    :func:`backend.app.create_app`) is what keeps DNS rebinding from reading them.
+
+    Args:
+        app: the ASGI app to wrap.
+        allowed_origins: full origins (``scheme://host[:port]``) trusted besides the server's
+            own (the settings' ``cors_origins``).
+    """
+
+    def __init__(self, app: Any, *, allowed_origins: list[str]):
+        self.app = app
+        self.allowed_origins = {o.rstrip("/").lower() for o in allowed_origins}
+
+    def _origin_refusal(self, headers: dict[bytes, bytes]) -> str | None:
+        source = headers.get(b"origin") or headers.get(b"referer")
+        if source is None:
+            return None
+        text = source.decode("latin-1").strip()
+        parts = urlsplit(text)
+        origin = f"{parts.scheme}://{parts.netloc}".lower()
+        own = headers.get(b"host", b"").decode("latin-1").lower()
+        if parts.scheme in ("http", "https") and (parts.netloc.lower() == own or origin in self.allowed_origins):
+            return None
+        return (
+            f"cross-site write refused: origin {text[:100]!r} is neither this server ({own!r}) nor one of "
+            "CKPTLAB_CORS_ORIGINS"
         )
-        await send({"type": "http.response.body", "body": body})
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["method"] not in WRITE_METHODS:
+            await self.app(scope, receive, send)
+            return
+        headers = {k.lower(): v for k, v in scope.get("headers", [])}
+        refusal = self._origin_refusal(headers)
+        if refusal is not None:
+            await _send_json(send, 403, {"detail": refusal})
+            return
+        ctype = headers.get(b"content-type")
+        has_body = headers.get(b"content-length", b"0") not in (b"0", b"") or b"transfer-encoding" in headers
+        media = ctype.split(b";")[0].strip().lower() if ctype is not None else None
+        if (media is not None and media != b"application/json") or (media is None and has_body):
+            await _send_json(send, 415, {"detail": "writes need 'Content-Type: application/json'"})
+            return
+        await self.app(scope, receive, send)
 
 
 def _replay(messages: list[dict], receive: Any) -> Any:

@@ -55,8 +55,16 @@ class Settings(BaseSettings):
         api_token: when set (``CKPTLAB_API_TOKEN``), every write request to the API (POST,
             PUT, PATCH, DELETE) needs ``Authorization: Bearer <token>``; reads stay open.
             Default: unset (no token needed; keep ``host`` at 127.0.0.1 then).
-        cors_origins: origins allowed to call the API from a browser (``CKPTLAB_CORS_ORIGINS``,
-            comma-separated or a JSON list). Default: none, CORS off.
+        cors_origins: origins (``scheme://host[:port]``) allowed to call the API from a
+            browser besides the server's own (``CKPTLAB_CORS_ORIGINS``, comma-separated or a
+            JSON list): CORS is on for them and their writes pass the same-origin check
+            (:class:`backend.middleware.WriteGuard`). Default: none, CORS off.
+        allowed_hosts: ``Host`` header values (without port) the API answers
+            (``CKPTLAB_ALLOWED_HOSTS``, comma-separated or a JSON list; ``*.example.com``
+            matches subdomains; ``*`` turns the check off). Others get 400, which stops DNS
+            rebinding (Starlette's ``TrustedHostMiddleware``). Default: :attr:`host`,
+            ``localhost``, ``127.0.0.1`` and ``[::1]``; add the names people browse to when
+            the server is reached from other machines.
         worker_memory_bytes: host memory one experiment may use, bytes
             (``CKPTLAB_WORKER_MEMORY_BYTES``; default: this host's RAM). A worker runs each
             child under a data-size cap a little above it (or above a CPU spec's
@@ -105,6 +113,7 @@ class Settings(BaseSettings):
     worker_cpu_threads: int | None = Field(None, ge=1)
     api_token: SecretStr | None = None
     cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    allowed_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list)
     worker_memory_bytes: int = Field(default_factory=host_memory_bytes, ge=1, le=2**60)
     check_model_entry_points: bool = True
     allowed_model_targets: Annotated[list[str], NoDecode] = Field(default_factory=list)
@@ -127,14 +136,17 @@ class Settings(BaseSettings):
         # token that no request can match.
         return None if isinstance(v, str) and not v.strip() else v
 
-    @field_validator("cors_origins", "allowed_model_targets", mode="before")
+    @field_validator("cors_origins", "allowed_hosts", "allowed_model_targets", mode="before")
     @classmethod
     def _split_origins(cls, value: object) -> object:
-        """Accept ``a,b`` as well as a JSON list from the environment."""
+        """Accept ``a,b`` as well as a JSON list from the environment (``[::1]`` is a host)."""
         if isinstance(value, str):
             text = value.strip()
             if text.startswith("["):
-                return json.loads(text)
+                try:
+                    return json.loads(text)
+                except json.JSONDecodeError:
+                    pass  # not JSON: an IPv6 literal such as ``[::1]``
             return [o.strip() for o in text.split(",") if o.strip()]
         return value
 
@@ -142,6 +154,16 @@ class Settings(BaseSettings):
     def heartbeat_interval_s(self) -> float:
         """Seconds between a worker's heartbeats (and reaper passes): ``lease_s / 3``."""
         return self.lease_s / 3
+
+    @property
+    def trusted_hosts(self) -> list[str]:
+        """The ``Host`` names the API answers: :attr:`allowed_hosts`, or by default the
+        bound address, ``localhost``, ``127.0.0.1`` and ``[::1]`` (IPv6 literals in brackets,
+        as they appear in a ``Host`` header)."""
+        if self.allowed_hosts:
+            return list(self.allowed_hosts)
+        bound = f"[{self.host}]" if ":" in self.host and not self.host.startswith("[") else self.host
+        return list(dict.fromkeys([bound, "localhost", "127.0.0.1", "[::1]"]))
 
     @property
     def resolved_database_url(self) -> str:

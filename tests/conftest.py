@@ -17,6 +17,10 @@ from ckptlab.settings import Settings
 from tests.postgres import PostgresCluster, find_pg_bin
 from tests.support import stop_process
 
+# Starlette's TestClient sends ``Host: testserver``; the API answers only its trusted hosts
+# (ckptlab.settings.Settings.trusted_hosts). Tests of the host check set their own list.
+os.environ.setdefault("CKPTLAB_ALLOWED_HOSTS", "testserver,localhost,127.0.0.1,[::1]")
+
 
 def pytest_collection_modifyitems(config, items):
     """Skip tests marked ``gpu`` when CUDA is absent."""
