@@ -11,7 +11,7 @@
  * form.js, sweep_plan.js (the server's dry run), list.js, experiment.js, sweep.js.
  */
 
-import { $, parseHash, setConnectionHandler } from './util.js';
+import { $, META, apiToken, parseHash, setApiToken, setAuthHandler, setConnectionHandler } from './util.js';
 import { initForm, showNew } from './form.js';
 import { hideList, initList, showList } from './list.js';
 import { hideExperiment, initExperiment, showExperiment } from './experiment.js';
@@ -28,6 +28,35 @@ setConnectionHandler((ok) => {
     banner.hidden = false;
   }
 });
+
+/* The API token: asked for only when the server needs one for writes (GET /api/meta);
+ * kept for this tab's session and sent as `Authorization: Bearer` by api(). */
+function initToken() {
+  const form = $('token-form');
+  const input = $('api-token');
+  const state = $('token-state');
+  const show = () => {
+    state.textContent = apiToken() ? 'set for this session' : 'needed to submit or cancel';
+  };
+  form.hidden = !META.write_token_required;
+  input.value = apiToken();
+  show();
+  form.addEventListener('submit', (ev) => {
+    ev.preventDefault();
+    setApiToken(input.value.trim());
+    show();
+    $('auth-needed').hidden = true;
+  });
+  setAuthHandler((detail) => {
+    form.hidden = false;
+    const banner = $('auth-needed');
+    banner.textContent = apiToken()
+      ? `The server refused the API token (${detail}): enter the right one in “API token” at the top and try again.`
+      : `This server needs an API token to submit, plan or cancel (${detail}): enter it in “API token” at the top and try again.`;
+    banner.hidden = false;
+    input.focus();
+  });
+}
 
 function showView(id) {
   for (const v of document.querySelectorAll('.view')) v.hidden = v.id !== id;
@@ -62,6 +91,7 @@ function route() {
   window.scrollTo(0, 0);
 }
 
+initToken();
 initForm({
   navigate: (hash) => { location.hash = hash; },
   onSweepCreated: (body) => { sweepSeed = body; },

@@ -2,7 +2,7 @@
  * summary against its `none` baseline, correctness, environment, downloads, cancel. */
 
 import {
-  $, LiveStream, STATUS, TERMINAL, api, detailText, el, kv, loadPlotly, modelLabel, strategyLabel, throttle,
+  $, LiveStream, liveBadge, STATUS, TERMINAL, api, detailText, el, kv, loadPlotly, modelLabel, strategyLabel, throttle,
 } from './util.js';
 import { PLOT_CONFIG, SERIES_METRICS, memoryFigure, seriesFigures, timeFigure } from './charts.js';
 import { fillForm } from './form.js';
@@ -181,7 +181,11 @@ function startStream() {
   const redraw = redrawScheduler(c);
   const refreshExtras = throttle(async () => {
     if (c !== cur || c.finished || c.steps.size > EXTRA_MAX_STEPS) return;
-    if (await fetchSteps()) redraw();
+    try {
+      if (await fetchSteps()) redraw();
+    } catch (_) {
+      /* server unreachable (banner shown): the stream's next step tries again */
+    }
   }, EXTRA_REFRESH_MS);
   c.stream = new LiveStream(`/api/experiments/${c.id}/events`, {
     step(d) {
@@ -215,7 +219,7 @@ function startStream() {
         }
       }
     },
-  }, { onBroken: () => startPolling() });
+  }, { onState: liveBadge('exp-live', () => startPolling()) });
   $('exp-live').hidden = false;
 }
 

@@ -3,7 +3,7 @@
  * the recommendation for a memory budget. */
 
 import {
-  $, LiveStream, STATUS, TERMINAL, api, debounce, detailText, el, fmtBytes, fmtDiff, fmtInt, fmtMs, fmtPct, gradBadge, loadPlotly, parseHash, setHashParams, statusBadge,
+  $, LiveStream, liveBadge, STATUS, TERMINAL, api, debounce, detailText, el, fmtBytes, fmtDiff, fmtInt, fmtMs, fmtPct, gradBadge, loadPlotly, parseHash, setHashParams, statusBadge,
 } from './util.js';
 import { shortName, valueText, num, renderProgress, renderHeader } from './sweep_header.js';
 import { PLOT_CONFIG, sweepFigure } from './charts.js';
@@ -268,7 +268,7 @@ function startStream() {
       $('sweep-live').hidden = true;
       soon();
     },
-  }, { onBroken: () => startPolling() });
+  }, { onState: liveBadge('sweep-live', () => startPolling()) });
   $('sweep-live').hidden = false;
 }
 

@@ -200,7 +200,41 @@ export function setConnectionHandler(fn) {
   onConnection = fn;
 }
 
-/** fetch + JSON; resolves to {ok, status, body}. Network errors reject (and show the banner). */
+let onAuthNeeded = () => {};
+/** `fn(detail)` runs when a write is refused for want of the API token (401). */
+export function setAuthHandler(fn) {
+  onAuthNeeded = fn;
+}
+
+/* The API token (CKPTLAB_API_TOKEN), kept for this browser tab's session only. */
+const TOKEN_KEY = 'ckptlab.apiToken';
+
+export function apiToken() {
+  try {
+    return sessionStorage.getItem(TOKEN_KEY) || '';
+  } catch (_) {
+    return '';
+  }
+}
+
+export function setApiToken(token) {
+  try {
+    if (token) sessionStorage.setItem(TOKEN_KEY, token);
+    else sessionStorage.removeItem(TOKEN_KEY);
+  } catch (_) {
+    /* storage disabled: the token lasts until the page reloads */
+  }
+}
+
+/** Most times one call is sent again after a 503 with Retry-After (a busy database). */
+const BUSY_RETRIES = 3;
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+/**
+ * fetch + JSON; resolves to {ok, status, body}. Network errors reject (and show the banner).
+ * Sends the API token when one was entered; a 503 with Retry-After (the database was busy
+ * and nothing changed) is sent again up to BUSY_RETRIES times after the wait it names.
+ */
 export async function api(path, options) {
   const opts = Object.assign({ headers: { Accept: 'application/json' } }, options);
   if (opts.json !== undefined) {
@@ -209,14 +243,21 @@ export async function api(path, options) {
     opts.body = JSON.stringify(opts.json);
     delete opts.json;
   }
+  const token = apiToken();
+  if (token) opts.headers = { ...opts.headers, Authorization: `Bearer ${token}` };
   let resp;
-  try {
-    resp = await fetch(path, opts);
-  } catch (err) {
-    onConnection(false);
-    throw err;
+  for (let attempt = 0; ; attempt += 1) {
+    try {
+      resp = await fetch(path, opts);
+    } catch (err) {
+      onConnection(false);
+      throw err;
+    }
+    onConnection(true);
+    const wait = Number(resp.headers.get('Retry-After'));
+    if (resp.status !== 503 || !(wait >= 0) || attempt >= BUSY_RETRIES) break;
+    await sleep(Math.min(wait, 30) * 1000);
   }
-  onConnection(true);
   const text = await resp.text();
   let body = null;
   if (text) {
@@ -226,6 +267,7 @@ export async function api(path, options) {
       body = text;
     }
   }
+  if (resp.status === 401) onAuthNeeded(detailText(body));
   return { ok: resp.ok, status: resp.status, body };
 }
 
@@ -307,45 +349,100 @@ export function setHashParams(values) {
 // ------------------------------------------------------------------ live streams
 
 /**
- * An EventSource with typed handlers that stops for good on the server's `end` event
- * (the browser would otherwise reconnect) and reports when the stream seems broken, so
- * that a view can fall back to polling.
+ * An EventSource with typed handlers that resumes for as long as the view is open and stops
+ * for good on the server's `end` event.
+ *
+ * The browser itself reconnects a dropped stream and sends `Last-Event-ID`; when it gives up
+ * (the server answered an error while restarting, say: readyState CLOSED), a new stream is
+ * opened with the last event id as the `last_event_id` query parameter (an EventSource
+ * cannot set headers), after a back-off of 1, 2, 4, then every 5 s. The server resumes after
+ * that id, so no step is missed or repeated. `onState(state)` lets the view say so:
+ * 'live' once open, 'reconnecting' after a drop, 'unavailable' when the stream has never
+ * opened (a proxy that refuses event streams: the view polls meanwhile, and the stream
+ * keeps trying).
  */
+const MAX_BACKOFF_MS = 5000;
+
 export class LiveStream {
-  constructor(url, handlers, { onBroken } = {}) {
+  constructor(url, handlers, { onState } = {}) {
+    this.url = url;
+    this.handlers = handlers;
+    this.onState = onState || (() => {});
     this.closed = false;
-    this.failures = 0;
-    this.source = new EventSource(url);
-    for (const [kind, fn] of Object.entries(handlers)) {
-      this.source.addEventListener(kind, (ev) => {
-        if (this.closed) return;
+    this.lastEventId = '';
+    this.everOpened = false;
+    this.backoffMs = 1000;
+    this.timer = null;
+    this.onState('live');
+    this.open(url);
+  }
+
+  open(url) {
+    const source = new EventSource(url);
+    this.source = source;
+    for (const [kind, fn] of Object.entries(this.handlers)) {
+      source.addEventListener(kind, (ev) => {
+        if (this.closed || source !== this.source) return;
+        if (ev.lastEventId) this.lastEventId = ev.lastEventId;
         let data = null;
         try {
           data = JSON.parse(ev.data);
         } catch (_) {
           return;
         }
-        this.failures = 0;
         fn(data);
       });
     }
-    this.source.addEventListener('end', () => this.close());
-    this.source.addEventListener('open', () => onConnection(true));
-    this.source.addEventListener('error', () => {
-      if (this.closed) return;
-      this.failures += 1;
-      if (this.source.readyState === EventSource.CLOSED || this.failures >= 3) {
-        this.close();
-        if (onBroken) onBroken();
-      }
+    source.addEventListener('end', () => this.close());
+    source.addEventListener('open', () => {
+      if (source !== this.source) return;
+      this.backoffMs = 1000;
+      this.everOpened = true;
+      onConnection(true);
+      this.onState('live');
+    });
+    source.addEventListener('error', () => {
+      if (this.closed || source !== this.source) return;
+      this.onState(this.everOpened ? 'reconnecting' : 'unavailable');
+      if (source.readyState !== EventSource.CLOSED) return; // the browser retries by itself
+      source.close();
+      const wait = this.backoffMs;
+      this.backoffMs = Math.min(2 * this.backoffMs, MAX_BACKOFF_MS);
+      this.timer = setTimeout(() => {
+        if (this.closed) return;
+        const sep = this.url.includes('?') ? '&' : '?';
+        const resume = this.lastEventId ? `${sep}last_event_id=${encodeURIComponent(this.lastEventId)}` : '';
+        this.open(`${this.url}${resume}`);
+      }, wait);
     });
   }
 
   close() {
     if (this.closed) return;
     this.closed = true;
+    clearTimeout(this.timer);
     this.source.close();
   }
+}
+
+/**
+ * An `onState` for LiveStream that shows 'live' or 'reconnecting…' in the badge `id`, and
+ * calls `onUnavailable` once if the stream never opened (the view then polls).
+ */
+export function liveBadge(id, onUnavailable) {
+  let polling = false;
+  return (state) => {
+    if (state === 'unavailable') {
+      $(id).hidden = true;
+      if (!polling && onUnavailable) onUnavailable();
+      polling = true;
+      return;
+    }
+    const badge = $(id);
+    const reconnecting = state === 'reconnecting';
+    badge.textContent = reconnecting ? 'reconnecting…' : 'live';
+    badge.classList.toggle('reconnecting', reconnecting);
+  };
 }
 
 // ------------------------------------------------------------------ misc

@@ -34,5 +34,6 @@ def meta(settings: SettingsDep) -> MetaPublic:
         series_metrics=list(SERIES_METRICS),
         chart_names=list(CHART_NAMES),
         max_sweep_size=settings.max_sweep_size,
+        write_token_required=settings.api_token is not None,
         spec_schema=ExperimentSpec.model_json_schema(),
     )

@@ -35,6 +35,7 @@ class MetaPublic(BaseModel):
             "series_metrics": ["step_ms", "peak_allocated_bytes", "loss"],
             "chart_names": ["memory_vs_segments", "time_vs_segments", "pareto", "correctness"],
             "max_sweep_size": 256,
+            "write_token_required": False,
             "spec_schema": {"title": "ExperimentSpec", "type": "object"},
         }
     )
@@ -47,4 +48,7 @@ class MetaPublic(BaseModel):
     series_metrics: list[str] = Field(description="metrics GET /api/experiments/{id}/series accepts")
     chart_names: list[str] = Field(description="charts GET /api/sweeps/{id}/charts/{name} draws")
     max_sweep_size: int = Field(description="most experiments one sweep may queue, baselines included")
+    write_token_required: bool = Field(
+        description="writes need 'Authorization: Bearer <token>' (the server sets CKPTLAB_API_TOKEN)"
+    )
     spec_schema: dict[str, Any] = Field(description="JSON schema of the experiment spec (defaults, bounds)")

@@ -195,11 +195,23 @@ def stream_request(
         ),
     ] = None,
     steps: Annotated[bool, Query(description="send step events (false: statuses and progress only)")] = True,
+    last_event_id_query: Annotated[
+        str | None,
+        Query(
+            alias="last_event_id",
+            pattern=LAST_EVENT_ID_PATTERN,
+            description="resume after this event id when the header cannot be set (a new EventSource); "
+            "the Last-Event-ID header wins",
+        ),
+    ] = None,
 ) -> StreamRequest:
-    """The :class:`StreamRequest` of a stream route (a 422 names a malformed Last-Event-ID)."""
+    """The :class:`StreamRequest` of a stream route (a 422 names a malformed Last-Event-ID).
+
+    The cursor comes from the ``Last-Event-ID`` header (a browser's own reconnection) or else
+    the ``last_event_id`` query parameter (a client that opens a new stream to resume)."""
     return StreamRequest(
         sessions=request.app.state.sessionmaker,
-        cursor=cursor_from_header(last_event_id),
+        cursor=cursor_from_header(last_event_id or last_event_id_query),
         poll_interval_s=request.app.state.settings.sse_poll_interval_s,
         include_steps=steps,
         slots=request.app.state.stream_slots,

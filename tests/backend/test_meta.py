@@ -17,9 +17,12 @@ def test_meta_lists_the_domain_vocabulary_and_the_servers_limits(make_client):
     assert batch["default"] >= 1 and batch["minimum"] == 1
 
 
-def test_meta_needs_no_token(make_client):
+def test_meta_needs_no_token_and_says_when_writes_need_one(make_client):
     c = make_client(api_token="secret")
-    assert c.get("/api/meta").status_code == 200
+    r = c.get("/api/meta")
+    assert r.status_code == 200
+    assert r.json()["write_token_required"] is True
+    assert make_client().get("/api/meta").json()["write_token_required"] is False
 
 
 def test_a_background_loop_that_raises_is_restarted_and_the_api_keeps_serving(make_client, monkeypatch, caplog):

@@ -50,6 +50,21 @@ def test_resume_with_last_event_id_sends_only_what_was_missed(client, db_session
     assert [e.event for e in again] == ["end"]
 
 
+def test_resume_with_the_last_event_id_query_parameter(client, db_session):
+    """A new EventSource cannot set headers: the browser resumes with ?last_event_id=."""
+    from urllib.parse import quote
+
+    exp = finished_experiment(db_session, n_steps=6)
+    events = parse_sse(client.get(f"/api/experiments/{exp.id}/events").text)
+    url = f"/api/experiments/{exp.id}/events?last_event_id={quote(events[3].id)}"
+    resumed = parse_sse(client.get(url).text)
+    assert [e.data["step"] for e in resumed if e.event == "step"] == [5, 6]
+    # The header, when a browser sends one, wins over the query.
+    both = parse_sse(client.get(url, headers={"Last-Event-ID": events[4].id}).text)
+    assert [e.data["step"] for e in both if e.event == "step"] == [6]
+    assert client.get(f"/api/experiments/{exp.id}/events?last_event_id=x").status_code == 422
+
+
 def test_statuses_only_and_bad_requests(client, db_session):
     exp = finished_experiment(db_session)
     events = parse_sse(client.get(f"/api/experiments/{exp.id}/events?steps=false").text)

@@ -4,10 +4,6 @@ a fresh page per test. Without /usr/bin/chromium the browser tests skip themselv
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -16,13 +12,9 @@ import pytest
 from tests.frontend.support import (
     CHROMIUM,
     CHROMIUM_ARGS,
-    REPO,
-    STARTUP_TIMEOUT_S,
     VIEWPORT,
     App,
-    _free_port,
-    _get_json,
-    _stop,
+    running_app,
 )
 
 if TYPE_CHECKING:
@@ -32,37 +24,8 @@ if TYPE_CHECKING:
 @pytest.fixture(scope="session")
 def app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[App]:
     """``python -m cli up`` (backend + worker, SQLite in a temp dir), shared by the session."""
-    data_dir = tmp_path_factory.mktemp("ckptlab-data")
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CKPTLAB_")}
-    env.update(CKPTLAB_DATA_DIR=str(data_dir), PYTHONUNBUFFERED="1")
-    log_path = data_dir / "app.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "cli", "up", "--port", str(port)],
-            cwd=REPO,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"ckptlab up exited with {proc.returncode}:\n{log_path.read_text()}")
-            try:
-                if _get_json(f"{url}/api/health")[0] == 200:
-                    break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"no 200 from {url}/api/health in {STARTUP_TIMEOUT_S} s:\n{log_path.read_text()}")
-            time.sleep(0.25)
-        yield App(url=url, data_dir=data_dir)
-    finally:
-        _stop(proc)
+    with running_app(tmp_path_factory.mktemp("ckptlab-data")) as app:
+        yield app
 
 
 @pytest.fixture(scope="session")

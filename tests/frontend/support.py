@@ -8,9 +8,12 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -101,6 +104,56 @@ def _stop(proc: subprocess.Popen) -> None:
 class App:
     url: str
     data_dir: Path
+
+
+def start_ckptlab(args: list[str], data_dir: Path, log_name: str, **env: str) -> subprocess.Popen:
+    """``python -m cli ARGS`` in a new session (so :func:`_stop` ends its whole group), with
+    no ``CKPTLAB_*`` variable of ours but ``CKPTLAB_DATA_DIR=data_dir`` and ``env``; output
+    goes to ``data_dir / log_name``."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("CKPTLAB_")}
+    full_env.update(CKPTLAB_DATA_DIR=str(data_dir), PYTHONUNBUFFERED="1", **env)
+    with open(data_dir / log_name, "ab") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "cli", *args],
+            cwd=REPO,
+            env=full_env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+@contextmanager
+def running_app(data_dir: Path, **env: str) -> Iterator[App]:
+    """``ckptlab up`` (backend + worker) on a free port over ``data_dir``, with ``env``
+    (``CKPTLAB_*`` settings), stopped with its whole process group afterwards."""
+    port = _free_port()
+    proc = start_ckptlab(["up", "--port", str(port)], data_dir, "app.log", **env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, proc, data_dir / "app.log")
+        yield App(url=url, data_dir=data_dir)
+    finally:
+        _stop(proc)
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, log_path: Path) -> None:
+    """Wait until ``url/api/health`` answers 200; fail the test (with the log) when ``proc``
+    exits first or after :data:`STARTUP_TIMEOUT_S`."""
+    import pytest
+
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while True:
+        if proc.poll() is not None:
+            pytest.fail(f"{proc.args} exited with {proc.returncode}:\n{log_path.read_text()}")
+        try:
+            if _get_json(f"{url}/api/health")[0] == 200:
+                return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            pytest.fail(f"no 200 from {url}/api/health in {STARTUP_TIMEOUT_S} s:\n{log_path.read_text()}")
+        time.sleep(0.25)
 
 
 def _assert_local_only(app_url: str, urls: list[str]) -> None:

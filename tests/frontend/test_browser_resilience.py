@@ -1,0 +1,162 @@
+"""Browser tests of a server that asks for a token and of one that restarts: the UI takes the
+API token and writes with it; a live stream resumes after a backend restart with no step
+missed or repeated."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.frontend.support import (
+    CHROMIUM,
+    RUN_TIMEOUT_MS,
+    App,
+    _free_port,
+    _get_json,
+    _request,
+    _stop,
+    running_app,
+    start_ckptlab,
+    wait_healthy,
+)
+
+if not CHROMIUM.exists():
+    pytest.skip(f"{CHROMIUM} not found: no browser for the frontend test", allow_module_level=True)
+
+from playwright.sync_api import Page, expect  # noqa: E402
+
+pytestmark = pytest.mark.browser
+
+TOKEN = "browser-test-token"
+#: Every step event any EventSource of the page received, as [attempt, step], in order.
+RECORD_STEPS = """
+(() => {
+  const Native = window.EventSource;
+  window.__stepEvents = [];
+  window.EventSource = class extends Native {
+    constructor(url, init) {
+      super(url, init);
+      this.addEventListener('step', (ev) => {
+        const d = JSON.parse(ev.data);
+        window.__stepEvents.push([d.attempt, d.step]);
+      });
+    }
+  };
+})();
+"""
+
+
+@pytest.fixture
+def token_app(tmp_path: Path) -> Iterator[App]:
+    """``ckptlab up`` with ``CKPTLAB_API_TOKEN`` set (its own data dir and port)."""
+    with running_app(tmp_path, CKPTLAB_API_TOKEN=TOKEN) as app:
+        yield app
+
+
+def _fill_long_mlp(page: Page) -> None:
+    """The single-experiment form: a small MLP on the CPU with 20,000 steps (it stays live)."""
+    page.select_option("#model\\.kind", "mlp")
+    page.fill("#f-mlp-depth", "4")
+    page.fill("#f-mlp-width", "32")
+    page.fill("#steps", "20000")
+    page.select_option("#device", "cpu")
+
+
+def test_with_a_token_the_ui_plans_submits_and_cancels_after_it_is_entered(
+    token_app: App, page: Page, page_errors: list[str]
+) -> None:
+    url = token_app.url
+    page.goto(url + "/#/new")
+    expect(page.locator("#token-form")).to_be_visible()
+    expect(page.locator("#token-state")).to_contain_text("needed")
+    _fill_long_mlp(page)
+
+    # Without the token the server says 401 and the page says what to do.
+    page.click("#submit")
+    expect(page.locator("#auth-needed")).to_be_visible()
+    expect(page.locator("#auth-needed")).to_contain_text("API token")
+    assert _get_json(f"{url}/api/experiments")[1]["count"] == 0
+
+    page.fill("#api-token", TOKEN)
+    page.click("#token-save")
+    expect(page.locator("#token-state")).to_contain_text("set for this session")
+    expect(page.locator("#auth-needed")).to_be_hidden()
+
+    # Plan: the sweep form's run count comes from the server's dry run (a POST).
+    page.goto(url + "/#/new?mode=sweep")
+    page.select_option("#model\\.kind", "mlp")
+    page.fill("#f-mlp-depth", "4")
+    page.check("#axis-segments")
+    page.fill("#axis-segments-values", "2,4")
+    expect(page.locator("#run-count-total")).to_have_text("4")  # 2 runs + a baseline, twice
+    expect(page.locator("#auth-needed")).to_be_hidden()
+
+    # Submit and cancel a long experiment.
+    page.goto(url + "/#/new?mode=single")
+    _fill_long_mlp(page)
+    page.click("#submit")
+    page.wait_for_url(re.compile(r"#/experiments/\d+"))
+    exp_id = int(re.search(r"#/experiments/(\d+)", page.url).group(1))
+    expect(page.locator("#exp-cancel")).to_be_visible(timeout=RUN_TIMEOUT_MS)
+    page.click("#exp-cancel")
+    expect(page.locator("#exp-status")).to_have_text("cancelled", timeout=30_000)
+    assert _get_json(f"{url}/api/experiments/{exp_id}")[1]["status"] == "cancelled"
+    expect(page.locator("#auth-needed")).to_be_hidden()
+    # The token stays for the session: a reload still writes.
+    page.reload()
+    expect(page.locator("#token-state")).to_contain_text("set for this session")
+    assert not page_errors, page_errors
+
+
+def test_a_live_stream_resumes_after_a_backend_restart_with_no_step_missed_or_repeated(
+    tmp_path: Path, page: Page, page_errors: list[str]
+) -> None:
+    """Backend and worker as separate processes on one database; the backend is stopped
+    for a few seconds while the run goes on, then started again on the same port."""
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = tmp_path / "serve.log"
+    worker = start_ckptlab(["worker"], tmp_path, "worker.log", CKPTLAB_POLL_INTERVAL_S="0.2")
+    backend = start_ckptlab(["serve", "--port", str(port)], tmp_path, "serve.log")
+    try:
+        wait_healthy(url, backend, log)
+        long_run = {
+            "model": {"kind": "mlp", "depth": 8, "width": 256},
+            "batch_size": 64,
+            "steps": 100000,
+            "timed_steps": 0,
+            "memory_early_stop": False,
+            "device": "cpu",
+        }
+        code, exp = _request(f"{url}/api/experiments", long_run)
+        assert code == 201
+        page.add_init_script(RECORD_STEPS)
+        page.goto(f"{url}/#/experiments/{exp['id']}")
+        expect(page.locator("#exp-status")).to_have_text("running", timeout=RUN_TIMEOUT_MS)
+        page.wait_for_function("window.__stepEvents.length >= 5", timeout=RUN_TIMEOUT_MS)
+
+        _stop(backend)
+        expect(page.locator("#exp-live")).to_have_text("reconnecting…", timeout=15_000)
+        page.wait_for_timeout(3000)  # steps go on being written while no backend serves
+        backend = start_ckptlab(["serve", "--port", str(port)], tmp_path, "serve.log")
+        wait_healthy(url, backend, log)
+        expect(page.locator("#exp-live")).to_have_text("live", timeout=30_000)
+        resumed_at = page.evaluate("window.__stepEvents.length")
+        page.wait_for_function(f"window.__stepEvents.length > {resumed_at} + 5", timeout=RUN_TIMEOUT_MS)
+
+        assert _request(f"{url}/api/experiments/{exp['id']}/cancel", {})[0] == 200
+        expect(page.locator("#exp-status")).to_have_text("cancelled", timeout=30_000)
+        received = page.evaluate("window.__stepEvents")
+        code, final = _get_json(f"{url}/api/experiments/{exp['id']}")
+        code, stored = _get_json(f"{url}/api/experiments/{exp['id']}/steps")
+        assert code == 200 and final["attempt"] == 1
+        expected = [[1, s["step"]] for s in stored["data"]]
+        assert len(received) == len({tuple(r) for r in received}), "a step arrived twice"
+        assert received == expected, "steps missing or out of order"
+        assert not [e for e in page_errors if "EventSource" not in e], page_errors
+    finally:
+        _stop(backend)
+        _stop(worker)
