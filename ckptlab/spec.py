@@ -17,8 +17,10 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, model_validator
-from pydantic_core import InitErrorDetails, PydanticCustomError
+from pydantic import Field, StrictBool, model_validator
+
+from ckptlab.spec_base import _field_error, _Strict
+from ckptlab.spec_hf import HFModelSpec
 
 __all__ = [
     "MLPSpec",
@@ -27,6 +29,7 @@ __all__ = [
     "DenseNetSpec",
     "CustomModelSpec",
     "PythonModelSpec",
+    "HFModelSpec",
     "ModelSpec",
     "CheckpointSpec",
     "ExperimentSpec",
@@ -40,16 +43,9 @@ __all__ = [
 STRATEGIES = ("none", "sequential", "per_block", "selective", "offload")
 #: Named policies for strategy ``selective`` (see ``worker.strategies``).
 SELECTIVE_POLICIES = ("save_matmuls", "save_matmuls_and_attention", "recompute_all")
-MODEL_KINDS = ("mlp", "resnet", "transformer", "densenet", "custom", "python")
+MODEL_KINDS = ("mlp", "resnet", "transformer", "densenet", "custom", "python", "hf")
 #: Largest ``memory_limit_bytes`` a spec may give: 1 PiB, above any device or host.
 MAX_MEMORY_LIMIT_BYTES = 2**50
-
-
-class _Strict(BaseModel):
-    """Base for spec parts: unknown fields are rejected, so a misspelled option is an
-    error instead of a silently ignored default."""
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
 
 class MLPSpec(_Strict):
@@ -192,7 +188,7 @@ class PythonModelSpec(_Strict):
 
 
 ModelSpec = Annotated[
-    MLPSpec | ResNetSpec | TransformerSpec | DenseNetSpec | CustomModelSpec | PythonModelSpec,
+    MLPSpec | ResNetSpec | TransformerSpec | DenseNetSpec | CustomModelSpec | PythonModelSpec | HFModelSpec,
     Field(discriminator="kind"),
 ]
 
@@ -334,6 +330,14 @@ class ExperimentSpec(_Strict):
                 ck.every,
                 f"every ({ck.every}) must not exceed model.depth ({self.model.depth})",
             )
+        model = self.model
+        if isinstance(model, HFModelSpec) and model.arch.attention and ck.use_reentrant and ck.strategy != "none":
+            raise _field_error(
+                ("checkpoint", "use_reentrant"),
+                ck.use_reentrant,
+                f"hf {model.architecture} layers take keyword tensor arguments (attention masks, position "
+                "embeddings), which reentrant checkpoint cannot take (torch.utils.checkpoint); use use_reentrant false",
+            )
         if ck.strategy == "selective" and ck.use_reentrant:
             raise _field_error(
                 ("checkpoint", "use_reentrant"),
@@ -367,15 +371,6 @@ def find_unstorable(value: Any, loc: tuple[str | int, ...] = ()) -> tuple[tuple,
             if found:
                 return found
     return None
-
-
-def _field_error(loc: tuple[str, ...], value: object, message: str) -> ValidationError:
-    """A ValidationError located at ``loc``, for checks that involve several fields (so the
-    API's 422 names the field to fix rather than the whole spec)."""
-    return ValidationError.from_exception_data(
-        "ExperimentSpec",
-        [InitErrorDetails(type=PydanticCustomError("spec_constraint", message), loc=loc, input=value)],
-    )
 
 
 EXAMPLE_SPEC: dict[str, Any] = {

@@ -2,8 +2,9 @@
  * summary against its `none` baseline, correctness, environment, downloads, cancel. */
 
 import {
-  $, LiveStream, liveBadge, STATUS, TERMINAL, api, detailText, el, kv, loadPlotly, modelLabel, strategyLabel, throttle,
+  $, STATUS, TERMINAL, api, detailText, el, kv, loadPlotly, modelLabel, strategyLabel, throttle,
 } from './util.js';
+import { LiveStream, liveBadge } from './live.js';
 import { PLOT_CONFIG, SERIES_METRICS, memoryFigure, seriesFigures, timeFigure } from './charts.js';
 import { fillForm } from './form.js';
 import { setStatus, renderSpec, renderSummary, renderEnvironment, renderDownloads, findBaseline } from './experiment_summary.js';

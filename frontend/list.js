@@ -4,9 +4,10 @@
  * listing finds new experiments and covers whatever no stream watches. */
 
 import {
-  $, LiveStream, META, STATUS, STATUSES, TERMINAL, api, debounce, el, flagLabel, fmtAgo, fmtBytes, fmtDate, fmtInt, fmtMs, gradBadge,
+  $, META, STATUS, STATUSES, TERMINAL, api, debounce, el, flagLabel, fmtAgo, fmtBytes, fmtDate, fmtInt, fmtMs, gradBadge,
   modelLabel, parseHash, setHashParams, statusBadge, strategyLabel,
 } from './util.js';
+import { LiveStream } from './live.js';
 
 const PAGE = 100;
 const MAX_STREAMS = 3;

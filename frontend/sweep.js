@@ -3,8 +3,9 @@
  * the recommendation for a memory budget. */
 
 import {
-  $, LiveStream, liveBadge, STATUS, TERMINAL, api, debounce, detailText, el, fmtBytes, fmtDiff, fmtInt, fmtMs, fmtPct, gradBadge, loadPlotly, parseHash, setHashParams, statusBadge,
+  $, STATUS, TERMINAL, api, debounce, detailText, el, fmtBytes, fmtDiff, fmtInt, fmtMs, fmtPct, gradBadge, loadPlotly, parseHash, setHashParams, statusBadge,
 } from './util.js';
+import { LiveStream, liveBadge } from './live.js';
 import { shortName, valueText, num, renderProgress, renderHeader } from './sweep_header.js';
 import { PLOT_CONFIG, sweepFigure } from './charts.js';
 import { parseBytes, recommend } from './budget.js';

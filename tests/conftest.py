@@ -39,6 +39,21 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture
+def no_network(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No socket may connect anywhere (``socket.socket.connect`` and ``connect_ex`` raise)
+    and the Hugging Face hub is offline (``HF_HUB_OFFLINE=1``): what runs under it proves
+    that it downloads nothing."""
+    import socket
+
+    def refuse(self, address, *args, **kwargs):
+        raise OSError(f"network access attempted in a test: connect({address!r})")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket.socket, "connect_ex", refuse)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture
 def data_dir(tmp_path: Path) -> Path:
     """A fresh ckptlab data folder."""
     d = tmp_path / "data"

@@ -40,6 +40,62 @@ def make_spec(**overrides: Any) -> ExperimentSpec:
     return ExperimentSpec.model_validate(spec_dict(**overrides))
 
 
+#: Tiny configs of every ``hf`` architecture (2-3 blocks, a few thousand parameters).
+HF_TINY: dict[str, dict[str, Any]] = {
+    "gpt2": {"hidden_size": 32, "num_hidden_layers": 3, "num_attention_heads": 2, "vocab_size": 100, "seq_len": 16},
+    "llama": {
+        "hidden_size": 32,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 2,
+        "intermediate_size": 64,
+        "vocab_size": 100,
+        "seq_len": 16,
+    },
+    "mistral": {
+        "hidden_size": 32,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "intermediate_size": 64,
+        "vocab_size": 100,
+        "seq_len": 16,
+    },
+    "resnet": {
+        "embedding_size": 8,
+        "hidden_sizes": [8, 16],
+        "depths": [1, 2],
+        "layer_type": "basic",
+        "num_labels": 4,
+        "image_size": 32,
+    },
+    "convnext": {"hidden_sizes": [8, 16], "depths": [1, 2], "num_labels": 4, "image_size": 32},
+    "vit": {
+        "hidden_size": 32,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 2,
+        "intermediate_size": 64,
+        "patch_size": 8,
+        "num_labels": 4,
+        "image_size": 32,
+    },
+    "swin": {
+        "embed_dim": 16,
+        "depths": [1, 1, 1],
+        "num_heads": [1, 2, 4],
+        "window_size": 2,
+        "patch_size": 4,
+        "num_labels": 4,
+        "image_size": 32,
+    },
+}
+HF_TINY["qwen2"] = dict(HF_TINY["mistral"])  # same grouped-query shape, another family
+
+
+def hf_model(architecture: str, **overrides: Any) -> dict[str, Any]:
+    """The ``model`` of a tiny ``hf`` spec (:data:`HF_TINY`), with ``overrides``."""
+    return {"kind": "hf", "architecture": architecture, **HF_TINY[architecture], **overrides}
+
+
 def step_record(step: int, loss: float = 1.0) -> dict[str, Any]:
     """A step record as the engine reports it (times in ms, memory in bytes)."""
     return {

@@ -36,6 +36,7 @@ from ckptlab.spec import (
     MODEL_ENTRY_POINT_GROUP,
     CustomModelSpec,
     DenseNetSpec,
+    HFModelSpec,
     MLPSpec,
     PythonModelSpec,
     ResNetSpec,
@@ -342,6 +343,13 @@ def _takes(fn: Callable, name: str) -> bool:
     return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
 
 
+def _hf(spec: HFModelSpec) -> Built:
+    """A Hugging Face ``transformers`` model (:func:`worker.hf_models.build_hf`)."""
+    from worker.hf_models import build_hf
+
+    return build_hf(spec)
+
+
 _BUILDERS: dict[str, Callable[..., Built]] = {
     "mlp": _mlp,
     "resnet": _resnet,
@@ -349,6 +357,7 @@ _BUILDERS: dict[str, Callable[..., Built]] = {
     "densenet": _densenet,
     "custom": _custom,
     "python": _python,
+    "hf": _hf,
 }
 
 

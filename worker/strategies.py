@@ -1,8 +1,10 @@
 """Checkpointing strategies, applied by regrouping a model's block container in place.
 
 Each checkpointed group of consecutive blocks becomes one :class:`CheckpointedGroup` at the
-group's first position and ``nn.Identity`` at the others, so the model's own forward (which
-applies the blocks in order) runs the group through ``torch.utils.checkpoint.checkpoint``.
+group's first position and a :class:`GroupedAway` placeholder (which hands the group's
+output on) at the others, so the model's own forward (which applies the blocks in order,
+with whatever arguments it passes them) runs the group through
+``torch.utils.checkpoint.checkpoint``.
 
 - ``sequential``: exactly the segmenting of ``torch.utils.checkpoint.checkpoint_sequential``:
   ``len(blocks) // segments`` blocks per segment, the first ``segments - 1`` segments
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -27,7 +30,16 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 
 from ckptlab.spec import CheckpointSpec
 
-__all__ = ["CheckpointedGroup", "OffloadedGroup", "apply_strategy", "selective_policy", "RecomputeHook"]
+__all__ = [
+    "CheckpointedGroup",
+    "OffloadedGroup",
+    "GroupedAway",
+    "apply_strategy",
+    "selective_policy",
+    "RecomputeHook",
+    "first_tensor",
+    "next_args",
+]
 
 #: Called with True when a group's recomputation starts during backward, False when it ends.
 RecomputeHook = Callable[[bool], None]
@@ -68,12 +80,102 @@ def selective_policy(name: str) -> Callable:
     return policy
 
 
-class CheckpointedGroup(nn.Module):
+def first_tensor(output: Any) -> Any:
+    """The hidden states in a block's output: the output itself, or its first item when the
+    block returns a tuple (older Hugging Face layers return ``(hidden_states, ...)``)."""
+    return output[0] if isinstance(output, tuple) else output
+
+
+def next_args(block: nn.Module, args: tuple, output: Any) -> tuple:
+    """The positional arguments of the block after ``block`` in a group: ``block``'s hidden
+    states in place of the first argument, the other arguments (masks, position
+    embeddings, cache flags: shared by every layer) unchanged.
+
+    Swin stages also pass the feature map's ``(height, width)`` on: a stage with a patch
+    merging layer (``downsample``) halves it (as ``SwinEncoder.forward`` does between
+    stages)."""
+    rest = args[1:]
+    if rest and getattr(block, "downsample", None) is not None and isinstance(rest[0], tuple) and len(rest[0]) == 2:
+        height, width = rest[0]
+        rest = (((height + 1) // 2, (width + 1) // 2), *rest[1:])
+    return (first_tensor(output), *rest)
+
+
+class _Group(nn.Module):
+    """Consecutive blocks run as one: the first block gets the arguments the model passed at
+    the group's position, each next block the previous one's hidden states with the same
+    other arguments (:func:`next_args`); the group returns what its last block returned.
+
+    Blocks may take keyword arguments and return a tensor or a tuple (Hugging Face decoder
+    layers get ``attention_mask``, ``position_embeddings``, ...). The positions of the other
+    members in the model's container hold :class:`GroupedAway` placeholders that hand the
+    group's output on, so the model's own loop runs unchanged.
+    """
+
+    def __init__(self, blocks: list[nn.Module]):
+        super().__init__()
+        self.group = nn.ModuleList(blocks)
+        # The output the placeholders hand on: set only when there are placeholders, and
+        # dropped by the last one, so no step's activations outlive their forward.
+        self.last_output: Any = None
+
+    def run_blocks(self, *args: Any, **kwargs: Any) -> Any:
+        output = None
+        for i, block in enumerate(self.group):
+            output = block(*args, **kwargs)
+            if i + 1 < len(self.group):
+                args = next_args(block, args, output)
+        return output
+
+    def __getattr__(self, name: str) -> Any:
+        # Attributes the model reads from the layer at the group's position (a Swin stage's
+        # ``downsample``) are the first member's: the model sees it where it was.
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(super().__getattr__("group")[0], name)
+
+    def remember(self, output: Any) -> Any:
+        if len(self.group) > 1:
+            self.last_output = output
+        return output
+
+
+class GroupedAway(nn.Module):
+    """Stands where a block that joined a group was: returns the group's output (what the
+    model would have passed on after the last member), whatever it is called with.
+    Attributes the model reads from its layers (a Swin stage's ``downsample``) are those of
+    the block it stands for, which the group ran."""
+
+    def __init__(self, group: _Group, block: nn.Module, *, last: bool):
+        super().__init__()
+        object.__setattr__(self, "_owner", group)  # not a submodule: parameters stay the group's
+        object.__setattr__(self, "_block", block)
+        self.last = last
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """The group's output (the arguments are the group's own output, already used)."""
+        owner = object.__getattribute__(self, "_owner")
+        output = owner.last_output
+        if self.last:
+            owner.last_output = None
+        return output
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(object.__getattribute__(self, "_block"), name)
+
+
+class CheckpointedGroup(_Group):
     """Runs ``blocks`` in order under ``torch.utils.checkpoint.checkpoint``.
 
     Args:
-        blocks: the group's blocks, each one tensor in, one tensor out.
-        use_reentrant: passed to ``checkpoint``.
+        blocks: the group's blocks: one tensor in and out, or (Hugging Face layers)
+            hidden states plus keyword arguments in, a tensor or tuple out (:class:`_Group`).
+        use_reentrant: passed to ``checkpoint``. Keyword arguments need ``False``: PyTorch's
+            reentrant variant does not take them (torch.utils.checkpoint docs).
         preserve_rng_state: passed to ``checkpoint``.
         context_fn: passed to ``checkpoint`` (non-reentrant only). Default: None.
         on_recompute: called with True/False around a run of the group during backward
@@ -89,57 +191,62 @@ class CheckpointedGroup(nn.Module):
         context_fn: Callable | None = None,
         on_recompute: RecomputeHook | None = None,
     ):
-        super().__init__()
-        self.group = nn.ModuleList(blocks)
+        super().__init__(blocks)
         self.use_reentrant = use_reentrant
         self.preserve_rng_state = preserve_rng_state
         self.context_fn = context_fn
         self.on_recompute = on_recompute
         self.in_forward = False
 
-    def _run(self, x: torch.Tensor) -> torch.Tensor:
+    def _run(self, *args: Any, **kwargs: Any) -> Any:
         recomputing = not self.in_forward and self.on_recompute is not None
         if recomputing:
             self.on_recompute(True)
         try:
-            for block in self.group:
-                x = block(x)
-            return x
+            return self.run_blocks(*args, **kwargs)
         finally:
             if recomputing:
                 self.on_recompute(False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Run the group on ``x`` (the first block's input shape) keeping only ``x`` for
-        backward; returns the last block's output."""
-        kwargs = {"context_fn": self.context_fn} if self.context_fn is not None else {}
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the group keeping only its inputs for backward; returns the last block's
+        output. Keyword arguments go to every block (non-reentrant checkpoint only).
+
+        Raises:
+            ValueError: keyword arguments with ``use_reentrant=True``.
+        """
+        extra = {"context_fn": self.context_fn} if self.context_fn is not None else {}
+        if kwargs and self.use_reentrant:
+            raise ValueError(
+                f"these blocks take keyword arguments ({', '.join(kwargs)}), which reentrant checkpoint "
+                "cannot take: use use_reentrant=False"
+            )
         self.in_forward = True
         try:
-            return checkpoint(
+            output = checkpoint(
                 self._run,
-                x,
+                *args,
                 use_reentrant=self.use_reentrant,
                 preserve_rng_state=self.preserve_rng_state,
+                **extra,
                 **kwargs,
             )
         finally:
             self.in_forward = False
+        return self.remember(output)
 
 
-class OffloadedGroup(nn.Module):
+class OffloadedGroup(_Group):
     """Runs ``blocks`` in order inside ``torch.autograd.graph.save_on_cpu(pin_memory)``."""
 
     def __init__(self, blocks: list[nn.Module], *, pin_memory: bool):
-        super().__init__()
-        self.group = nn.ModuleList(blocks)
+        super().__init__(blocks)
         self.pin_memory = pin_memory
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Run the group on ``x``; tensors saved for backward are packed to host memory."""
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the group; tensors saved for backward are packed to host memory."""
         with torch.autograd.graph.save_on_cpu(pin_memory=self.pin_memory):
-            for block in self.group:
-                x = block(x)
-        return x
+            return self.remember(self.run_blocks(*args, **kwargs))
 
 
 def _groups(n: int, ck: CheckpointSpec) -> list[tuple[int, int]]:
@@ -191,5 +298,5 @@ def apply_strategy(
             )
         blocks[start] = wrapped
         for i in range(start + 1, end):
-            blocks[i] = nn.Identity()
+            blocks[i] = GroupedAway(wrapped, members[i - start], last=i == end - 1)
     return len(ranges)

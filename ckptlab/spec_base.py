@@ -1,0 +1,25 @@
+"""What every part of the experiment spec shares: strict parsing and errors located at the
+field to fix. Imported by :mod:`ckptlab.spec` and :mod:`ckptlab.spec_hf`."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic_core import InitErrorDetails, PydanticCustomError
+
+__all__ = ["_Strict", "_field_error"]
+
+
+class _Strict(BaseModel):
+    """Base for spec parts: unknown fields are rejected, so a misspelled option is an
+    error instead of a silently ignored default."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
+
+
+def _field_error(loc: tuple[str, ...], value: object, message: str) -> ValidationError:
+    """A ValidationError located at ``loc``, for checks that involve several fields (so the
+    API's 422 names the field to fix rather than the whole spec)."""
+    return ValidationError.from_exception_data(
+        "ExperimentSpec",
+        [InitErrorDetails(type=PydanticCustomError("spec_constraint", message), loc=loc, input=value)],
+    )
