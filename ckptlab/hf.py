@@ -82,6 +82,10 @@ class HFArchitecture:
         attention: whether the model has attention (``attn_implementation`` applies) and
             its blocks take keyword arguments (masks, position embeddings, flags): then
             only non-reentrant checkpoint can run them.
+        example: a small config (spec fields: config fields plus ``seq_len`` or
+            ``image_size``) that runs in seconds per step on a laptop CPU; the form starts
+            from it, since the defaults are the published sizes (Llama's are 6.7 B
+            parameters).
     """
 
     family: Literal["causal_lm", "image_classification"]
@@ -90,6 +94,7 @@ class HFArchitecture:
     fields: Mapping[str, HFField]
     depth: Callable[[Mapping[str, Any]], int] = field(repr=False)
     attention: bool = True
+    example: Mapping[str, Any] = field(default_factory=dict)
 
     def public(self) -> dict[str, Any]:
         """The architecture as ``GET /api/meta`` describes it (JSON-ready)."""
@@ -98,6 +103,7 @@ class HFArchitecture:
             "config_class": self.config_class,
             "blocks": self.blocks,
             "attention": self.attention,
+            "example": {k: _jsonable(v) for k, v in self.example.items()},
             "fields": {name: f.public() for name, f in self.fields.items()},
         }
 
@@ -129,6 +135,17 @@ def _decoder_fields(
     }
 
 
+#: The issue's small decoder: 4 layers of width 256, 1,000 tokens, sequence 128.
+_SMALL_DECODER = {
+    "hidden_size": 256,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "intermediate_size": 688,
+    "vocab_size": 1000,
+    "seq_len": 128,
+}
+
+
 def _decoder(
     family: str, hidden: int, layers: int, heads: int, kv_heads: int | None, intermediate: int, vocab: int, tie: bool
 ) -> HFArchitecture:
@@ -139,6 +156,7 @@ def _decoder(
         f"model.layers ({family}DecoderLayer)",
         _decoder_fields(hidden, layers, heads, kv_heads, intermediate, vocab, tie),
         lambda c: c["num_hidden_layers"],
+        example=_SMALL_DECODER | ({"num_key_value_heads": 2} if kv_heads else {}),
     )
 
 
@@ -190,7 +208,12 @@ _SWIN_FIELDS = {
 
 HF_ARCHITECTURES: dict[str, HFArchitecture] = {
     "gpt2": HFArchitecture(
-        "causal_lm", "GPT2Config", "transformer.h (GPT2Block)", _GPT2_FIELDS, lambda c: c["num_hidden_layers"]
+        "causal_lm",
+        "GPT2Config",
+        "transformer.h (GPT2Block)",
+        _GPT2_FIELDS,
+        lambda c: c["num_hidden_layers"],
+        example={k: v for k, v in _SMALL_DECODER.items() if k != "intermediate_size"},
     ),
     "llama": _decoder("Llama", 4096, 32, 32, None, 11008, 32000, False),
     "mistral": _decoder("Mistral", 4096, 32, 32, 8, 14336, 32000, False),
@@ -202,6 +225,14 @@ HF_ARCHITECTURES: dict[str, HFArchitecture] = {
         _RESNET_FIELDS,
         lambda c: sum(c["depths"]),
         attention=False,
+        example={
+            "embedding_size": 16,
+            "hidden_sizes": (32, 64, 128, 256),
+            "depths": (2, 2, 2, 2),
+            "layer_type": "basic",
+            "num_labels": 10,
+            "image_size": 64,
+        },
     ),
     "convnext": HFArchitecture(
         "image_classification",
@@ -210,6 +241,7 @@ HF_ARCHITECTURES: dict[str, HFArchitecture] = {
         _CONVNEXT_FIELDS,
         lambda c: sum(c["depths"]) + len(c["depths"]) - 1,
         attention=False,
+        example={"hidden_sizes": (32, 64, 128, 256), "depths": (2, 2, 2, 2), "num_labels": 10, "image_size": 64},
     ),
     "vit": HFArchitecture(
         "image_classification",
@@ -217,6 +249,15 @@ HF_ARCHITECTURES: dict[str, HFArchitecture] = {
         "vit.encoder.layer (ViTLayer)",
         _VIT_FIELDS,
         lambda c: c["num_hidden_layers"],
+        example={
+            "hidden_size": 192,
+            "num_hidden_layers": 4,
+            "num_attention_heads": 3,
+            "intermediate_size": 768,
+            "patch_size": 8,
+            "num_labels": 10,
+            "image_size": 64,
+        },
     ),
     "swin": HFArchitecture(
         "image_classification",
@@ -224,5 +265,13 @@ HF_ARCHITECTURES: dict[str, HFArchitecture] = {
         "swin.encoder.layers: the stages (SwinStage, patch merging included)",
         _SWIN_FIELDS,
         lambda c: len(c["depths"]),
+        example={
+            "embed_dim": 32,
+            "depths": (2, 2, 2),
+            "num_heads": (2, 4, 8),
+            "window_size": 4,
+            "num_labels": 10,
+            "image_size": 64,
+        },
     ),
 }

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from ckptlab.hf_params import hf_param_count
 from ckptlab.settings import Settings
 from ckptlab.spec import (
     MODEL_ENTRY_POINT_GROUP,
     DenseNetSpec,
     ExperimentSpec,
+    HFModelSpec,
     MLPSpec,
     ResNetSpec,
     TransformerSpec,
@@ -70,7 +72,11 @@ def _densenet(m: DenseNetSpec) -> int:
     return total + 2 * cout + cout * N_CLASSES + N_CLASSES
 
 
-_COUNTERS = {"mlp": _mlp, "resnet": _resnet, "transformer": _transformer, "densenet": _densenet}
+def _hf(m: HFModelSpec) -> int:
+    return hf_param_count(m.architecture, m.config_values, m.input_size)
+
+
+_COUNTERS = {"mlp": _mlp, "resnet": _resnet, "transformer": _transformer, "densenet": _densenet, "hf": _hf}
 
 
 def estimate_param_count(spec: ExperimentSpec) -> int | None:
@@ -81,8 +87,8 @@ def estimate_param_count(spec: ExperimentSpec) -> int | None:
 
     Returns:
         The exact parameter count of the built-in models of :mod:`worker.models` (mlp,
-        resnet, transformer, densenet), or None for ``custom`` models, whose code the
-        backend never loads.
+        resnet, transformer, densenet) and of ``hf`` models (:mod:`ckptlab.hf_params`), or
+        None for ``custom`` and ``python`` models, whose code the backend never loads.
     """
     counter = _COUNTERS.get(spec.model.kind)
     return counter(spec.model) if counter else None

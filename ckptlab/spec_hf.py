@@ -55,18 +55,18 @@ class HFModelSpec(_Strict):
         if not isinstance(data, dict) or data.get("architecture") not in HF_ARCHITECTURES:
             return data
         arch = HF_ARCHITECTURES[data["architecture"]]
+        unused = "image_size" if arch.family == "causal_lm" else "seq_len"
         for name, value in data.items():
             if name in _HF_OWN_FIELDS:
                 continue
             if name not in arch.fields:
-                known = ", ".join([*_HF_OWN_FIELDS[2:], *arch.fields])
+                known = ", ".join([*(f for f in _HF_OWN_FIELDS[2:] if f != unused), *arch.fields])
                 raise _field_error(
                     (name,), value, f"unknown field for hf {data['architecture']!r}; expected one of {known}"
                 )
             problem = _hf_field_problem(arch.fields[name], value)
             if problem:
                 raise _field_error((name,), value, problem)
-        unused = "image_size" if arch.family == "causal_lm" else "seq_len"
         if data.get(unused) is not None:
             raise _field_error((unused,), data[unused], f"{unused} does not apply to {arch.family} models")
         return data

@@ -24,6 +24,7 @@ from typing import Any, Union, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 
+from ckptlab.hf import HF_ARCHITECTURES
 from ckptlab.limits import limit_errors
 from ckptlab.settings import Settings
 from ckptlab.spec import MODEL_KINDS, ExperimentSpec
@@ -192,6 +193,9 @@ def unknown_axis_error(path: str, *, kinds: Iterable[str] = MODEL_KINDS) -> str 
     for i, part in enumerate(parts):
         here = ".".join(parts[: i + 1])
         fields = [c.model_fields[part] for c in classes if part in c.model_fields]
+        if not fields and i == 1 and parts[0] == "model" and "hf" in kinds:
+            if len(parts) == 2 and any(part in a.fields for a in HF_ARCHITECTURES.values()):
+                return None  # an hf config field (HFModelSpec checks it per architecture)
         if not fields:
             suffix = f" for model kind {', '.join(sorted(kinds))}" if i and parts[0] == "model" else ""
             return f"unknown spec field {here!r}{suffix}"

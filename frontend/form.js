@@ -3,7 +3,8 @@
 
 import './form_view.js';
 import { $, MODEL_KINDS, STRATEGIES, api, detailText, el, modelLabel, setHashParams, strategyLabel, syncOptions } from './util.js';
-import { parseBytes, parseList } from './budget.js';
+import { readAxes as readAxesOf, readSpec as readSpecOf } from './form_read.js';
+import { fillHf, initHfFields, resetHf } from './form_hf.js';
 import { PRESETS } from './presets.js';
 import { autoName, dropPendingPlan, showSweepPlan } from './sweep_plan.js';
 
@@ -21,91 +22,8 @@ function kind() {
   return $('model.kind').value;
 }
 
-/** Enabled controls whose name is a spec path (not the mode, the sweep name or an axis). */
-function specControls() {
-  return Array.from(form.querySelectorAll('[name]')).filter(
-    (c) => c.name !== 'mode' && c.name !== 'name' && !c.name.startsWith('axes.') && !c.matches(':disabled'),
-  );
-}
-
-function setPath(obj, path, value) {
-  const parts = path.split('.');
-  let node = obj;
-  for (const p of parts.slice(0, -1)) node = node[p] = node[p] || {};
-  node[parts[parts.length - 1]] = value;
-}
-
-/**
- * The spec the form describes, and client-side errors for inputs that cannot be turned
- * into JSON at all (the server validates everything else and answers 422).
- * @returns {{spec: object, errors: {input: Element, msg: string}[]}}
- */
-function readSpec() {
-  const spec = {};
-  const errors = [];
-  for (const c of specControls()) {
-    const raw = c.type === 'checkbox' ? null : c.value.trim();
-    let v;
-    switch (c.dataset.type) {
-      case 'bool':
-        v = c.checked;
-        break;
-      case 'int':
-      case 'float':
-        if (raw === '') v = null; // the server names the field in its 422
-        else v = Number(raw);
-        break;
-      case 'optfloat':
-        if (raw === '') continue;
-        v = Number(raw);
-        break;
-      case 'bytes':
-        if (raw === '') continue;
-        v = parseBytes(raw);
-        if (v === null) {
-          errors.push({ input: c, msg: 'not a size: use bytes or units such as 512 MiB, 24 GiB' });
-          continue;
-        }
-        break;
-      case 'json':
-        try {
-          v = JSON.parse(raw || '{}');
-        } catch (_) {
-          errors.push({ input: c, msg: 'not valid JSON, e.g. {"hidden": 512}' });
-          continue;
-        }
-        break;
-      default:
-        v = raw === null ? c.value : raw;
-    }
-    setPath(spec, c.name, v);
-  }
-  return { spec, errors };
-}
-
-/** The sweep axes ticked in the form, and errors for lists that do not parse. */
-function readAxes() {
-  const axes = {};
-  const errors = [];
-  for (const toggle of form.querySelectorAll('[data-axis]')) {
-    if (!toggle.checked) continue;
-    const path = toggle.dataset.axis;
-    const box = toggle.closest('.axis');
-    const list = box.querySelector('[data-list]');
-    if (list) {
-      const { values, error } = parseList(list.value, list.dataset.list);
-      if (error) errors.push({ input: list, msg: error });
-      else axes[path] = values;
-    } else {
-      const values = Array.from(box.querySelectorAll('[data-axis-value]:checked'), (c) =>
-        c.value === 'true' ? true : c.value === 'false' ? false : c.value,
-      );
-      if (!values.length) errors.push({ input: box, msg: 'tick at least one value' });
-      else axes[path] = values;
-    }
-  }
-  return { axes, errors };
-}
+const readSpec = () => readSpecOf(form);
+const readAxes = () => readAxesOf(form);
 
 // ------------------------------------------------------------------ dependent fields
 
@@ -368,7 +286,8 @@ export function fillForm(spec, { axes } = {}) {
   $('model.kind').value = m.kind || 'mlp';
   syncVisibility();
   const group = form.querySelector(`.kind-group[data-kind="${m.kind || 'mlp'}"]`);
-  for (const c of group.querySelectorAll('[name]')) setControl(c, m[c.name.slice('model.'.length)]);
+  if (m.kind === 'hf') fillHf(m);
+  else for (const c of group.querySelectorAll('[name]')) setControl(c, m[c.name.slice('model.'.length)]);
   const ck = spec.checkpoint || {};
   $('checkpoint.strategy').value = ck.strategy || 'none';
   for (const key of ['segments', 'every', 'policy', 'use_reentrant', 'preserve_rng_state']) {
@@ -404,6 +323,7 @@ export function initForm(opts) {
   onSweepCreated = opts.onSweepCreated || onSweepCreated;
   syncOptions($('model.kind'), MODEL_KINDS);
   syncOptions($('checkpoint.strategy'), STRATEGIES);
+  initHfFields();
   form.addEventListener('submit', onSubmit);
   form.addEventListener('input', (e) => {
     if (e.target.getAttribute('aria-invalid') === 'true' || fieldOf(e.target).querySelector('.field-error')) {
@@ -423,6 +343,7 @@ export function initForm(opts) {
   $('reset').addEventListener('click', () => {
     const mode = form.elements.namedItem('mode').value;
     form.reset();
+    resetHf();
     form.elements.namedItem('mode').value = mode;
     clearErrors();
     updatePlan();

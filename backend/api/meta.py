@@ -9,6 +9,7 @@ from backend.deps import SessionDep, SettingsDep
 from backend.schemas import CHART_NAMES, Health, MetaPublic, StatusPublic
 from backend.services.series import SERIES_METRICS
 from ckptlab.domain import MemoryCategory, Status
+from ckptlab.hf import HF_ARCHITECTURES
 from ckptlab.spec import MODEL_KINDS, SELECTIVE_POLICIES, STRATEGIES, ExperimentSpec
 
 router = APIRouter(tags=["meta"])
@@ -36,4 +37,5 @@ def meta(settings: SettingsDep) -> MetaPublic:
         max_sweep_size=settings.max_sweep_size,
         write_token_required=settings.api_token is not None,
         spec_schema=ExperimentSpec.model_json_schema(),
+        hf_architectures={name: arch.public() for name, arch in HF_ARCHITECTURES.items()},
     )

@@ -37,6 +37,15 @@ class MetaPublic(BaseModel):
             "max_sweep_size": 256,
             "write_token_required": False,
             "spec_schema": {"title": "ExperimentSpec", "type": "object"},
+            "hf_architectures": {
+                "llama": {
+                    "family": "causal_lm",
+                    "config_class": "LlamaConfig",
+                    "blocks": "model.layers (LlamaDecoderLayer)",
+                    "attention": True,
+                    "fields": {"hidden_size": {"type": "int", "default": 4096, "minimum": 8, "maximum": 16384}},
+                }
+            },
         }
     )
 
@@ -52,3 +61,6 @@ class MetaPublic(BaseModel):
         description="writes need 'Authorization: Bearer <token>' (the server sets CKPTLAB_API_TOKEN)"
     )
     spec_schema: dict[str, Any] = Field(description="JSON schema of the experiment spec (defaults, bounds)")
+    hf_architectures: dict[str, dict[str, Any]] = Field(
+        description="model kind hf: each architecture's family, blocks and config fields (type, default, bounds)"
+    )

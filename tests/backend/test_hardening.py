@@ -14,7 +14,7 @@ from sqlalchemy.exc import IntegrityError
 from ckptlab.limits import estimate_fixed_bytes, estimate_param_count
 from ckptlab.settings import Settings
 from ckptlab.spec import ExperimentSpec
-from tests.factories import spec_dict
+from tests.factories import hf_model, spec_dict
 
 
 def count(client) -> int:
@@ -307,3 +307,15 @@ def test_a_python_target_the_operator_did_not_allow_is_a_422_and_never_imported(
     allowed = make_client(allowed_model_targets=["ckptlab_never_imported:factory"])
     assert allowed.post("/api/experiments", json=body).status_code == 201
     assert "ckptlab_never_imported" not in sys.modules
+
+
+def test_admission_control_counts_hf_parameters(make_client):
+    # Llama's config defaults are Llama-2-7B: 6.7 B parameters, refused before a worker
+    # builds them; the tiny config is accepted.
+    c = make_client(max_param_count=1_000_000_000)
+    r = c.post("/api/experiments", json=spec_dict(model={"kind": "hf", "architecture": "llama"}))
+    assert r.status_code == 422
+    (error,) = [e for e in r.json()["detail"] if e["loc"] == ["body", "model"] and "server's limit" in e["msg"]]
+    assert "6,738,415,616 parameters" in error["msg"], error
+    assert count(c) == 0
+    assert c.post("/api/experiments", json=spec_dict(model=hf_model("llama"))).status_code == 201

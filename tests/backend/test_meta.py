@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ckptlab.domain import FINISHED_STATUSES, MemoryCategory, Status
+from ckptlab.hf import HF_ARCHITECTURES
 from ckptlab.spec import STRATEGIES
 
 
@@ -15,6 +16,22 @@ def test_meta_lists_the_domain_vocabulary_and_the_servers_limits(make_client):
     assert meta["max_sweep_size"] == 7
     batch = meta["spec_schema"]["properties"]["batch_size"]
     assert batch["default"] >= 1 and batch["minimum"] == 1
+
+
+def test_meta_describes_every_hf_architecture_with_its_config_fields(client):
+    archs = client.get("/api/meta").json()["hf_architectures"]
+    assert set(archs) == set(HF_ARCHITECTURES)
+    llama = archs["llama"]
+    assert llama["family"] == "causal_lm" and llama["attention"] is True
+    assert llama["fields"]["hidden_size"] == {
+        "type": "int",
+        "default": 4096,
+        "description": "width of the hidden states",
+        "minimum": 8,
+        "maximum": 16384,
+    }
+    assert archs["resnet"]["fields"]["depths"]["default"] == [3, 4, 6, 3]
+    assert "hf" in client.get("/api/meta").json()["model_kinds"]
 
 
 def test_meta_needs_no_token_and_says_when_writes_need_one(make_client):

@@ -13,7 +13,7 @@ import pytest
 
 from ckptlab.db import queue
 from ckptlab.sweeps import SweepError, plan_sweep, unknown_axis_error
-from tests.factories import spec_dict
+from tests.factories import hf_model, spec_dict
 from tests.support import wait_for
 
 SEQ = spec_dict(**{"checkpoint.strategy": "sequential"})
@@ -78,6 +78,21 @@ def test_a_sweep_of_baselines_only_repeats_nothing():
 )
 def test_axis_paths_are_resolved_against_the_spec(path, ok):
     assert (unknown_axis_error(path, kinds={"mlp"}) is None) is ok
+
+
+def test_a_sweep_over_an_hf_config_field_plans_one_run_per_value():
+    base = spec_dict(model=hf_model("llama"), **{"checkpoint.strategy": "per_block"})
+    plan = plan_sweep(base, {"model.num_hidden_layers": [2, 4], "model.attn_implementation": ["sdpa", "eager"]})
+    runs = [r for r in plan.runs if not r.baseline]
+    assert plan.invalid == [] and len(runs) == 4
+    assert {(r.spec.model.depth, r.spec.model.attn_implementation) for r in runs} == set(
+        itertools.product([2, 4], ["sdpa", "eager"])
+    )
+    # A field of another architecture is an invalid combination naming it, not a silent default.
+    with pytest.raises(SweepError) as exc:
+        plan_sweep(base, {"model.window_size": [4, 7]})
+    assert "window_size" in exc.value.errors[0]["loc"][-1] and "unknown field for hf 'llama'" in str(exc.value)
+    assert unknown_axis_error("model.hidden_sizee", kinds={"hf"}) is not None
 
 
 def test_plan_errors():

@@ -68,3 +68,12 @@ def test_the_stored_spec_round_trips():
     spec = ExperimentSpec.model_validate({"model": hf_model("gpt2")})
     again = ExperimentSpec.model_validate(spec.model_dump(mode="json"))
     assert again == spec and again.model.config_overrides == spec.model.config_overrides
+
+
+@pytest.mark.parametrize("architecture", sorted(HF_ARCHITECTURES))
+def test_each_architecture_has_a_small_example_the_form_can_start_from(architecture):
+    from ckptlab.limits import estimate_param_count
+
+    example = HF_ARCHITECTURES[architecture].public()["example"]
+    spec = ExperimentSpec.model_validate({"model": {"kind": "hf", "architecture": architecture, **example}})
+    assert 10_000 < estimate_param_count(spec) < 5_000_000  # seconds per step on a laptop CPU

@@ -221,3 +221,21 @@ def _insert_finished_experiments(app_dir: Path, n: int) -> list[int]:
     finally:
         engine.dispose()
     return ids
+
+
+def submit_and_finish(page: Page) -> int:
+    """Click the form's submit, follow to the experiment page and wait until the run
+    succeeded (the test fails with the run's error otherwise); returns its id."""
+    import re
+
+    import pytest
+    from playwright.sync_api import expect
+
+    page.click("#submit")
+    page.wait_for_url(re.compile(r"#/experiments/\d+$"))
+    exp_id = int(page.url.rsplit("/", 1)[1])
+    status = page.locator("#exp-status")
+    expect(status).to_have_text(re.compile(r"^(succeeded|failed)$"), timeout=RUN_TIMEOUT_MS)
+    if status.text_content() != "succeeded":
+        pytest.fail(f"experiment {exp_id} failed: {page.locator('#exp-error').text_content()}")
+    return exp_id

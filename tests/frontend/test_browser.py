@@ -27,6 +27,7 @@ from tests.frontend.support import (
     _request,
     _screenshot,
     _trace_names,
+    submit_and_finish,
 )
 
 if not CHROMIUM.exists():
@@ -261,14 +262,7 @@ def test_run_experiment_and_watch_it(
     page.fill("#checkpoint\\.segments", "4")
     page.select_option("#device", "cpu")
     expect(page.locator("#run-count-total")).to_have_text("1")
-    page.click("#submit")
-
-    page.wait_for_url(re.compile(r"#/experiments/\d+$"))
-    exp_id = int(page.url.rsplit("/", 1)[1])
-    status = page.locator("#exp-status")
-    expect(status).to_have_text(re.compile(r"^(succeeded|failed)$"), timeout=RUN_TIMEOUT_MS)
-    if status.text_content() != "succeeded":
-        pytest.fail(f"experiment {exp_id} failed: {page.locator('#exp-error').text_content()}")
+    exp_id = submit_and_finish(page)
     assert any(f"/api/experiments/{exp_id}/events" in u for u in requested_urls), "no event stream was opened"
 
     # One chart point per step as stored: memory for the 6 memory steps, time for all 10
