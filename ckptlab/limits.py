@@ -21,6 +21,7 @@ from ckptlab.spec import (
     TransformerSpec,
     installed_model_names,
 )
+from ckptlab.spec_torchvision import torchvision_problem
 
 __all__ = ["estimate_param_count", "estimate_fixed_bytes", "limit_errors"]
 
@@ -123,7 +124,9 @@ def limit_errors(spec: ExperimentSpec, settings: Settings, *, loc: tuple[str | i
         settings: supplies ``max_steps``, ``max_batch_size``, ``max_param_count`` and
             ``worker_memory_bytes`` (the capacity the fixed memory,
             :func:`estimate_fixed_bytes`, must fit in); with ``check_model_entry_points``
-            a ``custom`` model must name an installed entry point; a ``python`` target must
+            a ``custom`` model must name an installed entry point and a ``torchvision``
+            model needs a torchvision that imports here
+            (:func:`ckptlab.spec_torchvision.torchvision_problem`); a ``python`` target must
             be in ``allowed_model_targets`` (compared as text: nothing is imported).
         loc: prefix of each error's location (default ``("body",)``).
 
@@ -169,6 +172,10 @@ def limit_errors(spec: ExperimentSpec, settings: Settings, *, loc: tuple[str | i
                 "(no restart needed), or set CKPTLAB_CHECK_MODEL_ENTRY_POINTS=false if the API runs "
                 "without the workers' model packages",
             )
+    if spec.model.kind == "torchvision" and settings.check_model_entry_points:
+        problem = torchvision_problem()
+        if problem:
+            err(("model", "kind"), spec.model.kind, problem)
     if spec.model.kind == "python" and spec.model.target not in settings.allowed_model_targets:
         allowed = ", ".join(settings.allowed_model_targets) or "none"
         err(

@@ -74,8 +74,9 @@ class Settings(BaseSettings):
         check_model_entry_points: the API answers 422 for a ``custom`` model whose name is
             not an installed ``ckptlab.models`` entry point of its own environment
             (``CKPTLAB_CHECK_MODEL_ENTRY_POINTS``, default true; read from package metadata,
-            nothing imported). Turn it off when the API runs without the workers' model
-            packages.
+            nothing imported), and for a ``torchvision`` model when torchvision does not
+            import in its environment (checked once in a child interpreter). Turn it off
+            when the API runs without the workers' model packages.
         allowed_model_targets: ``python`` model targets (``package.module:factory``, exact
             names) this API accepts and this worker imports (``CKPTLAB_ALLOWED_MODEL_TARGETS``,
             comma-separated or a JSON list). Default: none.

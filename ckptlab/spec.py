@@ -21,6 +21,7 @@ from pydantic import Field, StrictBool, model_validator
 
 from ckptlab.spec_base import _field_error, _Strict
 from ckptlab.spec_hf import HFModelSpec
+from ckptlab.spec_torchvision import TorchvisionModelSpec
 
 __all__ = [
     "MLPSpec",
@@ -30,6 +31,7 @@ __all__ = [
     "CustomModelSpec",
     "PythonModelSpec",
     "HFModelSpec",
+    "TorchvisionModelSpec",
     "ModelSpec",
     "CheckpointSpec",
     "ExperimentSpec",
@@ -43,7 +45,7 @@ __all__ = [
 STRATEGIES = ("none", "sequential", "per_block", "selective", "offload")
 #: Named policies for strategy ``selective`` (see ``worker.strategies``).
 SELECTIVE_POLICIES = ("save_matmuls", "save_matmuls_and_attention", "recompute_all")
-MODEL_KINDS = ("mlp", "resnet", "transformer", "densenet", "custom", "python", "hf")
+MODEL_KINDS = ("mlp", "resnet", "transformer", "densenet", "custom", "python", "hf", "torchvision")
 #: Largest ``memory_limit_bytes`` a spec may give: 1 PiB, above any device or host.
 MAX_MEMORY_LIMIT_BYTES = 2**50
 
@@ -188,7 +190,14 @@ class PythonModelSpec(_Strict):
 
 
 ModelSpec = Annotated[
-    MLPSpec | ResNetSpec | TransformerSpec | DenseNetSpec | CustomModelSpec | PythonModelSpec | HFModelSpec,
+    MLPSpec
+    | ResNetSpec
+    | TransformerSpec
+    | DenseNetSpec
+    | CustomModelSpec
+    | PythonModelSpec
+    | HFModelSpec
+    | TorchvisionModelSpec,
     Field(discriminator="kind"),
 ]
 

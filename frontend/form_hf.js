@@ -1,4 +1,4 @@
-/* The form's fields for model kind "hf": the architectures and their config fields come
+/* The form's fields for model kinds "hf" and "torchvision": the architectures and their config fields come
  * from GET /api/meta (hf_architectures: type, default, bounds, a small example), so the
  * browser spells none of them. Choosing an architecture fills in its small example; an
  * emptied field is left out of the spec and takes the config class's default. */
@@ -66,8 +66,11 @@ function render(name, values) {
   );
 }
 
-/** Fills the architecture choices and renders the first one's example; re-renders on change. */
+/** Fills the architecture choices and renders the first one's example; re-renders on change.
+ * Also lists the torchvision architectures (kind torchvision). */
 export function initHfFields() {
+  $('f-tv-architecture').replaceChildren(...Object.entries(META.torchvision_architectures || {}).map(([name, depth]) =>
+    el('option', { value: name }, `${name} — ${depth} blocks`)));
   const select = $('f-hf-architecture');
   select.replaceChildren(...Object.entries(ARCHS).map(([name, a]) =>
     el('option', { value: name }, `${name} — ${a.family === 'causal_lm' ? 'causal LM' : 'image classifier'}`)));

@@ -129,6 +129,7 @@ export function modelLabel(spec) {
     case 'densenet': return `densenet ${m.depth}, k=${m.growth_rate}, ${m.image_size}px`;
     case 'custom': return `custom ${m.name} (${m.depth})`;
     case 'python': return `python ${m.target} (${m.depth})`;
+    case 'torchvision': return `torchvision ${m.architecture}, ${m.image_size}px`;
     case 'hf': return `hf ${m.architecture}${m.num_hidden_layers ? ` ${m.num_hidden_layers} layers` : ''}${m.seq_len ? `, seq ${m.seq_len}` : ''}${m.image_size ? `, ${m.image_size}px` : ''}`;
     default: return `${m.kind || '?'} ${m.depth ?? ''}`.trim();
   }

@@ -40,6 +40,7 @@ from ckptlab.spec import (
     MLPSpec,
     PythonModelSpec,
     ResNetSpec,
+    TorchvisionModelSpec,
     TransformerSpec,
 )
 
@@ -350,6 +351,13 @@ def _hf(spec: HFModelSpec) -> Built:
     return build_hf(spec)
 
 
+def _torchvision(spec: TorchvisionModelSpec) -> Built:
+    """A torchvision model (:func:`worker.torchvision_models.build_torchvision`)."""
+    from worker.torchvision_models import build_torchvision
+
+    return build_torchvision(spec)
+
+
 _BUILDERS: dict[str, Callable[..., Built]] = {
     "mlp": _mlp,
     "resnet": _resnet,
@@ -358,6 +366,7 @@ _BUILDERS: dict[str, Callable[..., Built]] = {
     "custom": _custom,
     "python": _python,
     "hf": _hf,
+    "torchvision": _torchvision,
 }
 
 

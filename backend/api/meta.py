@@ -11,6 +11,7 @@ from backend.services.series import SERIES_METRICS
 from ckptlab.domain import MemoryCategory, Status
 from ckptlab.hf import HF_ARCHITECTURES
 from ckptlab.spec import MODEL_KINDS, SELECTIVE_POLICIES, STRATEGIES, ExperimentSpec
+from ckptlab.spec_torchvision import TORCHVISION_ARCHITECTURES
 
 router = APIRouter(tags=["meta"])
 
@@ -37,5 +38,6 @@ def meta(settings: SettingsDep) -> MetaPublic:
         max_sweep_size=settings.max_sweep_size,
         write_token_required=settings.api_token is not None,
         spec_schema=ExperimentSpec.model_json_schema(),
+        torchvision_architectures=dict(TORCHVISION_ARCHITECTURES),
         hf_architectures={name: arch.public() for name, arch in HF_ARCHITECTURES.items()},
     )

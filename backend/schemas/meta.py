@@ -37,6 +37,7 @@ class MetaPublic(BaseModel):
             "max_sweep_size": 256,
             "write_token_required": False,
             "spec_schema": {"title": "ExperimentSpec", "type": "object"},
+            "torchvision_architectures": {"resnet50": 16},
             "hf_architectures": {
                 "llama": {
                     "family": "causal_lm",
@@ -61,6 +62,9 @@ class MetaPublic(BaseModel):
         description="writes need 'Authorization: Bearer <token>' (the server sets CKPTLAB_API_TOKEN)"
     )
     spec_schema: dict[str, Any] = Field(description="JSON schema of the experiment spec (defaults, bounds)")
+    torchvision_architectures: dict[str, int] = Field(
+        description="model kind torchvision: each architecture and its number of blocks"
+    )
     hf_architectures: dict[str, dict[str, Any]] = Field(
         description="model kind hf: each architecture's family, blocks and config fields (type, default, bounds)"
     )

@@ -319,3 +319,26 @@ def test_admission_control_counts_hf_parameters(make_client):
     assert "6,738,415,616 parameters" in error["msg"], error
     assert count(c) == 0
     assert c.post("/api/experiments", json=spec_dict(model=hf_model("llama"))).status_code == 201
+
+
+def test_the_api_refuses_torchvision_where_it_does_not_import_and_stores_nothing(make_client):
+    from ckptlab.spec_torchvision import torchvision_problem
+
+    problem = torchvision_problem()
+    if problem is None:
+        pytest.skip("torchvision imports here: the kind is accepted (tests/worker/test_torchvision_models.py)")
+    c = make_client()
+    body = spec_dict(model={"kind": "torchvision", "architecture": "resnet18"})
+    r = c.post("/api/experiments", json=body)
+    assert r.status_code == 422
+    (error,) = [e for e in r.json()["detail"] if e["loc"] == ["body", "model", "kind"]]
+    assert error["msg"] == problem and error["msg"].startswith("torchvision does not import here")
+    assert c.get("/api/experiments").json()["count"] == 0
+    # An operator whose API runs without the workers' packages can turn the check off.
+    off = make_client(check_model_entry_points=False)
+    assert (
+        off.post(
+            "/api/experiments", json=spec_dict(model={"kind": "torchvision", "architecture": "resnet18"})
+        ).status_code
+        == 201
+    )

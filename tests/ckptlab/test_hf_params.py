@@ -34,9 +34,7 @@ def built_count(model: dict, device: str = "cpu") -> tuple[int, int | None]:
     return sum(p.numel() for p in built.module.parameters()), estimate_param_count(spec)
 
 
-@pytest.mark.parametrize(
-    ("architecture", "overrides"), [(a, {}) for a in sorted(HF_ARCHITECTURES)] + VARIANTS, ids=str
-)
+@pytest.mark.parametrize(("architecture", "overrides"), [(a, {}) for a in sorted(HF_ARCHITECTURES)] + VARIANTS, ids=str)
 def test_tiny_configs_count_exactly(architecture, overrides):
     real, estimate = built_count(hf_model(architecture, **overrides))
     assert estimate == real

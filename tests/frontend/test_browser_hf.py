@@ -61,3 +61,21 @@ def test_submit_an_hf_llama_from_the_form_and_see_its_charts(app_url: str, page:
     expect(page.locator("#exp-summary")).to_contain_text("Activation memory")
     expect(page.locator("#exp-title, #exp-summary, body").first).to_contain_text("hf llama")
     assert not page_errors, page_errors
+
+
+def test_torchvision_where_it_does_not_import_is_refused_next_to_the_kind(
+    app_url: str, page: Page, page_errors: list[str]
+) -> None:
+    from ckptlab.spec_torchvision import torchvision_problem
+
+    if torchvision_problem() is None:
+        pytest.skip("torchvision imports here: the kind is accepted")
+    page.goto(app_url + "/#/new")
+    page.select_option("#model\\.kind", "torchvision")
+    page.select_option("#f-tv-architecture", "resnet50")
+    expect(page.locator("#f-tv-architecture")).to_contain_text("resnet50 — 16 blocks")
+    page.click("#submit")
+    error = page.locator(".field-error", has_text="torchvision does not import here")
+    expect(error).to_be_visible()
+    assert page.url.endswith("#/new")
+    assert not page_errors, page_errors
