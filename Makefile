@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: up test install system-deps lint clean
+.PHONY: up test install system-deps lint clean screenshots
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -28,6 +28,11 @@ up: install
 
 test: install system-deps
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The README's screenshots (docs/screenshots/*.png), from the browser tests; `make test`
+# writes its screenshots to a temporary folder instead.
+screenshots: install system-deps
+	CKPTLAB_SCREENSHOTS=$(CURDIR)/docs/screenshots $(BIN)/python -m pytest -m browser tests/frontend
 
 lint: install
 	$(BIN)/ruff check .

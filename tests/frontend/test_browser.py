@@ -5,7 +5,7 @@ headless Debian chromium, driven with Playwright (no downloaded browser). The te
 a sweep and an experiment from the form, watch them finish live (no reload), check the
 charts, the recommendation for a memory budget, the field errors of bad values, cancelling,
 and that a list of 100 experiments renders within a second. They also save the README's
-screenshots in docs/screenshots/ (1280 px wide).
+screenshots (1280 px wide; in docs/screenshots/ with `make screenshots`).
 """
 
 from __future__ import annotations
