@@ -257,7 +257,7 @@ function startPolling() {
 function renderAll(exp) {
   $('exp-title').textContent = `Experiment #${exp.id} · ${modelLabel(exp.spec)} · ${strategyLabel(exp.spec)}`;
   $('exp-sweep-crumb').replaceChildren(...(exp.sweep_id ? [' · ', el('a', { href: `#/sweeps/${exp.sweep_id}` }, `Sweep #${exp.sweep_id}`)] : []));
-  renderSpec(exp.spec);
+  renderSpec(exp.spec, exp.summary);
   renderSummary(exp, null);
   renderEnvironment(exp.summary);
   renderDownloads(exp);

@@ -16,7 +16,8 @@ export function setStatus(status) {
   $('exp-cancel').hidden = TERMINAL.has(status);
 }
 
-export function renderSpec(spec) {
+/** The spec as rows; `summary.model` / `summary.blocks` (a ckptlab.profile run) name what was profiled. */
+export function renderSpec(spec, summary = null) {
   const m = spec.model || {};
   const c = spec.checkpoint || {};
   const modelParts = Object.entries(m)
@@ -24,6 +25,7 @@ export function renderSpec(spec) {
     .map(([k, v]) => `${k} ${typeof v === 'object' && v !== null ? JSON.stringify(v) : v}`);
   const entries = [
     ['Model', [m.kind, ...modelParts].join(' · ')],
+    ...(summary && summary.model ? [['Profiled', `${summary.model}; blocks ${summary.blocks}`]] : []),
     ['Batch', `${fmtInt(spec.batch_size)}${spec.grad_accum_steps > 1 ? ` × ${spec.grad_accum_steps} accumulated` : ''}`],
     ['Steps', `${spec.steps} (${spec.warmup_steps} warm-up)`],
     ['Checkpointing', c.strategy === 'sequential' ? `sequential, ${c.segments} segments` : strategyLabel(spec)],

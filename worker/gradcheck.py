@@ -23,7 +23,7 @@ def _forward_bytes(dev: torch.device, forward, known: list[torch.Tensor]) -> tup
     """Run ``forward()`` and count the bytes it leaves alive (the activations autograd keeps,
     the output and the loss): the CPU tracker's exact count, or the CUDA allocator's
     ``memory_allocated`` difference. ``known``: tensors that exist already (parameters,
-    buffers, the batch), so that views of them are not counted."""
+    buffers, the batch; a dict batch's values), so that views of them are not counted."""
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
         before = torch.cuda.memory_allocated(dev)
@@ -32,7 +32,8 @@ def _forward_bytes(dev: torch.device, forward, known: list[torch.Tensor]) -> tup
         return result, torch.cuda.memory_allocated(dev) - before
     with LiveTensorTracker() as tracker:
         for t in known:  # views of these (a weight's transpose) are not new bytes
-            tracker.track(t)
+            for tensor in t.values() if isinstance(t, dict) else (t,):  # keyword-argument inputs
+                tracker.track(tensor)
         before = tracker.live_bytes
         result = forward()
     return result, tracker.live_bytes - before

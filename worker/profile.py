@@ -10,8 +10,7 @@ imported by that name: the model is handed to the engine through
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -19,45 +18,15 @@ from torch import nn
 
 from ckptlab.domain import Status
 from ckptlab.spec import ExperimentSpec
-from worker.models import Built, in_hand_model
+from worker.models import in_hand_model
+from worker.profile_model import find_blocks, prepare_model
 
 __all__ = ["profile", "find_blocks"]
 
 
-def find_blocks(model: nn.Module) -> str:
-    """The qualified name of ``model``'s repeated blocks: the longest ``nn.ModuleList`` or
-    ``nn.Sequential`` whose children all have one type (the first of equal length).
-
-    Raises:
-        ValueError: ``model`` holds no such container.
-    """
-    best: tuple[int, str] | None = None
-    for name, mod in model.named_modules():
-        if isinstance(mod, (nn.ModuleList, nn.Sequential)) and len(mod) > 0:
-            if len({type(c) for c in mod}) == 1 and (best is None or len(mod) > best[0]):
-                best = (len(mod), name)
-    if best is None:
-        raise ValueError(
-            f"{type(model).__name__} has no nn.ModuleList / nn.Sequential of same-type blocks; pass blocks="
-        )
-    return best[1]
-
-
-def _blocks_name(model: nn.Module, blocks: nn.Module | str | None) -> str:
-    if blocks is None:
-        return find_blocks(model)
-    if isinstance(blocks, str):
-        model.get_submodule(blocks)  # AttributeError names what is missing
-        return blocks
-    for name, mod in model.named_modules():
-        if mod is blocks:
-            return name
-    raise ValueError("blocks is not a submodule of model")
-
-
 def profile(
     model: nn.Module,
-    sample: torch.Tensor | Sequence[torch.Tensor],
+    sample: torch.Tensor | Sequence[torch.Tensor] | Mapping[str, torch.Tensor],
     *,
     blocks: nn.Module | str | None = None,
     strategy: str = "none",
@@ -75,53 +44,50 @@ def profile(
 
     Args:
         model: any ``nn.Module``; it is not changed (each run builds a deep copy).
-        sample: the inputs of one micro-batch, or ``(inputs, targets)``; the batch size is
-            the inputs' first dimension. Every step uses this batch.
+        sample: the inputs of one micro-batch, ``(inputs, targets)``, or a mapping of the
+            model's keyword arguments (``{"input_ids": ids, "labels": ids}``); the batch
+            size is the (first) input's first dimension. Every step uses this batch.
         blocks: the container of repeated blocks to checkpoint (a submodule or its
-            qualified name). Default: :func:`find_blocks`. ``model.forward`` must apply
-            them in order, one tensor in and one out.
+            qualified name). Default: the model's own layout for ``transformers`` and
+            torchvision models, else :func:`worker.profile_model.find_blocks`
+            (:mod:`worker.profile_model`). ``model.forward`` must apply them in order;
+            they may take keyword arguments and return a tuple.
         strategy: ``none``, ``sequential``, ``per_block``, ``selective`` or ``offload``;
             its options (``segments``, ``every``, ``policy``, ``use_reentrant``,
             ``preserve_rng_state``) as keyword arguments.
         steps, timed_steps, optimizer, amp, device, verify_gradients: as in the
             experiment spec (defaults 10, 20, adam, off, cpu, True).
-        loss_fn: ``(output, targets) -> scalar``. Default: with targets, the engine's
-            default loss (cross-entropy for integer targets, else MSE); without, the mean
-            of the squared output.
+        loss_fn: ``(output, targets) -> scalar``. Default: the ``loss`` the model's output
+            carries (a ``transformers`` ``ModelOutput`` given ``labels``); else, with
+            targets, the engine's default loss on the output (or its ``logits``:
+            cross-entropy for integer targets, else MSE); else the mean of the squared
+            output.
         database_url: where to store the run. Default: the ckptlab settings' database
             (``CKPTLAB_DATABASE_URL``, else SQLite under ``CKPTLAB_DATA_DIR``).
 
     Returns:
-        The summary (as ``GET /api/experiments/{id}`` shows it) with ``experiment_id``
-        and ``status`` added.
+        The summary (as ``GET /api/experiments/{id}`` shows it; it names the ``model`` by
+        class and parameter count and the ``blocks`` chosen) with ``experiment_id``,
+        ``status`` and ``error`` added.
 
     Raises:
-        ValueError: no blocks found or given, or the spec these arguments make is
-            invalid (pydantic's ``ValidationError`` is a ``ValueError``).
+        ValueError: before anything is stored, saying what to pass: no blocks found or
+            given, blocks that are not run once each in order or do not return a tensor,
+            a sample or output the loss cannot be taken from, or an invalid spec
+            (pydantic's ``ValidationError`` is a ``ValueError``).
     """
     from ckptlab.db.database import make_engine, make_sessionmaker, migrate
     from ckptlab.db.store import create_experiment, get_experiment
     from ckptlab.settings import get_settings
     from worker.devices import default_worker_id
-    from worker.models import default_loss
     from worker.service import execute_experiment
 
-    inputs, targets = (sample[0], sample[1]) if isinstance(sample, (tuple, list)) else (sample, None)
-    name = _blocks_name(model, blocks)
-    depth = len(model.get_submodule(name))
-    loss = loss_fn or (default_loss if targets is not None else lambda out, _t: out.float().square().mean())
-
-    batch = (inputs, targets if targets is not None else torch.empty(0))  # the engine moves both
-
-    def build() -> Built:
-        copied = copy.deepcopy(model)
-        return Built(copied, copied.get_submodule(name), lambda _n, _g: batch, loss)
-
+    ready = prepare_model(model, sample, blocks=blocks, loss_fn=loss_fn)
     target = f"{type(model).__module__}:{type(model).__name__}"
     spec = ExperimentSpec.model_validate(
         {
-            "model": {"kind": "python", "target": target, "depth": depth},
-            "batch_size": int(inputs.shape[0]),
+            "model": {"kind": "python", "target": target, "depth": ready.depth},
+            "batch_size": ready.batch_size,
             "steps": steps,
             "timed_steps": timed_steps,
             "optimizer": optimizer,
@@ -138,10 +104,23 @@ def profile(
         Session = make_sessionmaker(engine)
         with Session() as session:
             exp = create_experiment(session, spec=spec, status=Status.RUNNING, worker_id=default_worker_id())
-        with in_hand_model(target, build):
+        with in_hand_model(target, ready.build):
             execute_experiment(url, exp.id, exp.attempt, heartbeat=False)
+        _name_the_run(Session, exp.id, model=ready.model, blocks=ready.blocks)
         with Session() as session:
             exp = get_experiment(session, experiment_id=exp.id)
         return {**(exp.summary or {}), "experiment_id": exp.id, "status": exp.status, "error": exp.error}
     finally:
         engine.dispose()
+
+
+def _name_the_run(Session, experiment_id: int, **names: str) -> None:
+    """Add ``names`` (the model's class and parameter count, the blocks chosen) to the stored
+    summary, so the dashboard shows what was profiled."""
+    from ckptlab.db.models import Experiment
+
+    with Session() as session:
+        exp = session.get(Experiment, experiment_id)
+        if exp is not None and exp.summary is not None:
+            exp.summary = {**exp.summary, **names}
+            session.commit()

@@ -79,3 +79,29 @@ def test_blocks_are_the_longest_container_of_same_type_children():
     assert find_blocks(_Net(depth=5)) == "layers"
     with pytest.raises(ValueError, match="pass blocks="):
         find_blocks(nn.Linear(2, 2))
+
+
+def test_profile_finds_a_llamas_decoder_layers_with_a_dict_sample_and_the_dashboard_lists_it(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        hidden_size=32, num_hidden_layers=3, num_attention_heads=2, intermediate_size=64, vocab_size=100
+    )
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    params = sum(p.numel() for p in model.parameters())
+    ids = torch.randint(0, 100, (2, 16))
+    url = f"sqlite:///{tmp_path / 'ckptlab.db'}"
+    summary = ckptlab.profile(
+        model, {"input_ids": ids, "labels": ids}, strategy="per_block", steps=2, timed_steps=1, database_url=url
+    )
+    assert summary["status"] == "succeeded", summary["error"]
+    assert summary["model"] == f"LlamaForCausalLM ({params:,} parameters)"
+    assert summary["blocks"] == "3 × LlamaDecoderLayer: transformers layout"
+    assert summary["gradients_match"] is True and summary["activation_bytes"] > 0
+
+    with TestClient(create_app(Settings(database_url=url, data_dir=tmp_path))) as client:
+        listed = client.get("/api/experiments", params={"strategy": "per_block"}).json()["data"]
+    (row,) = [e for e in listed if e["id"] == summary["experiment_id"]]
+    assert row["spec"]["model"]["target"].endswith(":LlamaForCausalLM") and row["spec"]["model"]["depth"] == 3
+    assert row["summary"]["param_count"] == params and row["summary"]["model"] == summary["model"]
+    assert row["spec"]["checkpoint"]["strategy"] == "per_block"
