@@ -10,7 +10,7 @@ from ckptlab.db.database import make_engine
 from ckptlab.db.models import Experiment
 from ckptlab.settings import get_settings
 from cli.main import app
-from tests.factories import spec_dict
+from tests.factories import hf_model, spec_dict
 
 
 @pytest.fixture
@@ -65,6 +65,28 @@ def test_run_prints_table_and_json_summary(cli, tmp_path, data_dir):
     assert summary["activation_bytes"] > 0
     assert summary["params_without_grad"] == 0
     assert stored_count(data_dir) == 1
+
+
+@pytest.mark.usefixtures("no_network")
+@pytest.mark.parametrize("architecture", ["llama", "resnet"])
+def test_run_an_hf_model_from_its_config(cli, tmp_path, architecture):
+    pytest.importorskip("transformers")
+    spec = tmp_path / "hf.json"
+    spec.write_text(
+        json.dumps(
+            spec_dict(
+                steps=2,
+                batch_size=2,
+                model=hf_model(architecture),
+                checkpoint={"strategy": "sequential", "segments": 2},
+            )
+        )
+    )
+    result = cli("run", str(spec), "--json")
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["status"] == "succeeded" and summary["gradients_match"] is True
+    assert summary["activation_bytes"] > 0
 
 
 def test_run_says_where_the_peak_is_and_warns_about_a_setting_that_does_nothing(cli, tmp_path):
