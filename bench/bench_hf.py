@@ -3,12 +3,13 @@
 batch 8), each under ``none``, ``per_block``, ``sequential`` 2 and 4 and ``selective``.
 
 Each configuration is one ``ckptlab run SPEC.json --json`` process (the product's own path,
-from spec to stored summary), run one after another in the order below, with the load
-average before each. Memory figures are exact byte counts (CPU: the live-tensor tracker);
-step time is the timed pass's median, so on a shared host compare the overheads against
-their IQR, not as exact figures.
+from spec to stored summary). Every strategy runs once per round, in rotating order (A B C,
+B C A, ...), so a load burst hits each alike; the overhead against ``none`` is taken per
+round (the ratio of the two runs' median step times) and reported as the median over
+rounds with its min and max. Memory figures are exact byte counts (CPU: the live-tensor
+tracker), the same in every round.
 
-Usage: python bench/bench_hf.py [--quick] [--out DIR]
+Usage: python bench/bench_hf.py [--quick] [--rounds N] [--out DIR]
 Prints one Markdown table row per configuration; the spec files stay in DIR (default a
 temporary directory) so each row can be re-run by hand.
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -86,40 +88,48 @@ def mib(n: int | None) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a tiny gpt2 only (seconds)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of every strategy, in rotating order")
     parser.add_argument("--out", type=Path, default=None, help="directory for the spec files and the database")
     args = parser.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="bench_hf_"))
     out.mkdir(parents=True, exist_ok=True)
     models = QUICK_MODELS if args.quick else MODELS
-    print(f"# {os.cpu_count()} CPUs, torch via `ckptlab run`; specs in {out}")
+    print(f"# {os.cpu_count()} CPUs, `ckptlab run` per configuration, {args.rounds} rounds; specs in {out}")
     print(
         "| model | strategy | peak allocated (MiB) | activations at end of forward (MiB) "
-        "| step (ms, median [IQR]) | vs none | load avg |"
+        "| step (ms, median of rounds) | vs none (median of per-round ratios, [min, max]) | load avg |"
     )
     print("|---|---|---:|---:|---:|---:|---:|")
+    names = list(STRATEGIES)
     for label, (model, batch) in models.items():
-        base_ms = None
-        for name, checkpoint in STRATEGIES.items():
-            spec = {
-                "model": model,
-                "batch_size": batch,
-                "steps": 2,
-                "warmup_steps": 1,
-                "timed_steps": 5,
-                "device": "cpu",
-                "verify_gradients": False,
-                "checkpoint": checkpoint,
-            }
-            path = out / f"{model['architecture']}_{name.replace(' ', '')}.json"
-            path.write_text(json.dumps(spec, indent=1))
-            load = os.getloadavg()[0]
-            s = run(path, out / "data")
-            step = s["timing"]["step_ms"]
-            base_ms = step["median"] if name == "none" else base_ms
-            vs = "–" if name == "none" or not base_ms else f"{step['median'] / base_ms - 1:+.0%}"
+        results: dict[str, list[dict]] = {n: [] for n in names}
+        loads: list[float] = []
+        for r in range(args.rounds):
+            for name in names[r % len(names) :] + names[: r % len(names)]:  # A B C, B C A, ...
+                spec = {
+                    "model": model,
+                    "batch_size": batch,
+                    "steps": 2,
+                    "warmup_steps": 1,
+                    "timed_steps": 5,
+                    "device": "cpu",
+                    "verify_gradients": False,
+                    "checkpoint": STRATEGIES[name],
+                }
+                path = out / f"{model['architecture']}_{name.replace(' ', '')}.json"
+                path.write_text(json.dumps(spec, indent=1))
+                loads.append(os.getloadavg()[0])
+                results[name].append(run(path, out / "data"))
+        base = [s["timing"]["step_ms"]["median"] for s in results["none"]]
+        for name in names:
+            runs = results[name]
+            times = [s["timing"]["step_ms"]["median"] for s in runs]
+            ratios = [t / b - 1 for t, b in zip(times, base, strict=True)]
+            vs = "–" if name == "none" else f"{statistics.median(ratios):+.0%} [{min(ratios):+.0%}, {max(ratios):+.0%}]"
+            first = runs[0]
             print(
-                f"| {label} | {name} | {mib(s['peak_allocated_bytes'])} | {mib(s['activation_bytes'])} "
-                f"| {step['median']:,.0f} [{step['q1']:,.0f}–{step['q3']:,.0f}] | {vs} | {load:.1f} |",
+                f"| {label} | {name} | {mib(first['peak_allocated_bytes'])} | {mib(first['activation_bytes'])} "
+                f"| {statistics.median(times):,.0f} | {vs} | {min(loads):.1f}–{max(loads):.1f} |",
                 flush=True,
             )
 
