@@ -24,6 +24,7 @@ from rich.table import Table
 from ckptlab.domain import Status
 from ckptlab.settings import Settings, get_settings
 from ckptlab.spec import ExperimentSpec
+from ckptlab.summary import RunSummary
 
 __all__ = ["app", "format_validation_error", "load_spec"]
 
@@ -73,15 +74,25 @@ def _mib(n: int | None) -> str:
     return "-" if n is None else f"{n / 2**20:.2f}"
 
 
-def _timing_line(summary: dict) -> str:
+def _timing_line(summary: RunSummary) -> str:
     """``step 3.31 ms median (IQR 0.12, 95% CI 3.01-3.47) over 20 timed steps``."""
-    t = (summary.get("timing") or {}).get("step_ms")
+    t = summary.timing.get("step_ms")
     if not t:
-        return f"step {summary.get('step_time_ms') or 0:.2f} ms"
-    where = "timed steps (tracker off)" if summary.get("timing_pass") == "timed" else "memory steps"
+        return f"step {summary.step_time_ms or 0:.2f} ms"
+    where = "timed steps (tracker off)" if summary.timing_pass == "timed" else "memory steps"
+    iqr = t.q3 - t.q1
+    return f"step {t.median:.2f} ms median (IQR {iqr:.2f}, 95% CI {t.ci_low:.2f}-{t.ci_high:.2f}) over {t.n} {where}"
+
+
+def _gradient_line(summary: RunSummary) -> str:
+    """The gradient check in words: match, mismatch (the worst parameter), or not run."""
+    if summary.gradients_match is None:
+        return "gradients: not compared (strategy none, or verify_gradients off)"
+    if summary.gradients_match:
+        return f"gradients: match an un-checkpointed step (max |diff| {summary.grad_max_abs_diff or 0:.2e})"
     return (
-        f"step {t['median']:.2f} ms median (IQR {t['iqr']:.2f}, 95% CI {t['ci_low']:.2f}-{t['ci_high']:.2f}) "
-        f"over {t['n']} {where}"
+        f"gradients: DIFFER from an un-checkpointed step in {summary.grad_mismatch_count} parameter(s); worst "
+        f"{summary.grad_worst_param} (relative error {summary.grad_worst_rel_error or 0:.2e})"
     )
 
 
@@ -125,19 +136,23 @@ def run(
     console.print(table)
     result = {"id": exp.id, "status": exp.status, **(exp.summary or {}), "error": exp.error}
     if exp.status == Status.SUCCEEDED:
-        sm = exp.summary
+        sm = RunSummary.load(exp.summary)
         console.print(
-            f"activation {sm['activation_bytes'] / 2**20:.2f} MiB, peak {sm['peak_allocated_bytes'] / 2**20:.2f} MiB, "
-            f"params without grad {sm['params_without_grad']}"
+            f"activation {_mib(sm.activation_bytes)} MiB, peak {_mib(sm.peak_allocated_bytes)} MiB, "
+            f"params without grad {sm.params_without_grad}"
         )
         console.print(_timing_line(sm))
-        run_n, asked = sm.get("memory_steps_run"), sm.get("memory_steps_requested")
-        if run_n is not None and asked is not None and run_n < asked:
-            console.print(f"memory pass: {run_n} of {asked} steps (the last two read the same bytes)")
-        if sm.get("peak_explanation"):
-            console.print(sm["peak_explanation"], markup=False)
-        for f in sm.get("findings") or []:
-            console.print(f"[yellow]warning[/yellow] {f['code']}: {f['message']}", highlight=False)
+        console.print(_gradient_line(sm), markup=False)
+        if sm.memory_steps_run is not None and sm.memory_steps_requested is not None:
+            if sm.memory_steps_run < sm.memory_steps_requested:
+                console.print(
+                    f"memory pass: {sm.memory_steps_run} of {sm.memory_steps_requested} steps "
+                    "(the last two read the same bytes)"
+                )
+        if sm.peak_explanation:
+            console.print(sm.peak_explanation, markup=False)
+        for f in sm.findings:
+            console.print(f"[yellow]warning[/yellow] {f.code}: {f.message}", highlight=False)
     else:
         console.print(f"[red]{exp.status}[/red]: {exp.error}")
     if json_out:

@@ -42,6 +42,7 @@ import torch
 from ckptlab.explain import findings, peak_sentence
 from ckptlab.spec import ExperimentSpec
 from ckptlab.stats import describe
+from ckptlab.summary import RunSummary
 from worker.errors import RunError, RunOutOfMemory
 from worker.gradcheck import verify_gradients
 from worker.hostmem import is_out_of_memory, oom_details
@@ -158,7 +159,7 @@ def run_experiment(
     summary["findings"] = findings(spec, summary)
     summary["peak_explanation"] = peak_sentence(summary, optimizer=spec.optimizer)
     summary["warnings"] = caught + [f"ckptlab: {f['message']}" for f in summary["findings"]]
-    return _finite_or_none(summary)
+    return RunSummary.model_validate(_finite_or_none(summary)).dump()
 
 
 def _finite_or_none(value: Any) -> Any:

@@ -20,6 +20,7 @@ from ckptlab.db.retry import with_retry
 from ckptlab.db.store import get_experiment
 from ckptlab.domain import Status
 from ckptlab.spec import ExperimentSpec
+from ckptlab.summary import RunSummary
 from worker.devices import engine_device
 from worker.hostmem import is_out_of_memory, oom_details
 from worker.writer import StepWriteError, StepWriter
@@ -135,13 +136,13 @@ def record_run(Session: sessionmaker[Session], job: Job) -> Status:
         if exc.__cause__ is not None and not isinstance(exc, RunOutOfMemory):  # where the model failed
             error += "\n\n" + "".join(traceback.format_exception(exc.__cause__)[-6:])
         if isinstance(exc, RunOutOfMemory):
-            summary = {Status.OOM.value: exc.details}
+            summary = RunSummary(oom=exc.details).dump()
         elif exc.details:
-            summary = {"failure": exc.details}
+            summary = RunSummary(failure=exc.details).dump()
     except Exception as exc:  # noqa: BLE001 - any failure of the run is its outcome
         status, error = Status.FAILED, error_text(exc)
         if is_out_of_memory(exc):  # outside the engine's own mapping (building the spec, a hook)
-            status, summary = Status.OOM, {Status.OOM.value: oom_details({"phase": "setup", "step": 0}, exc, None)}
+            status, summary = Status.OOM, RunSummary(oom=oom_details({"phase": "setup", "step": 0}, exc, None)).dump()
     try:
         writer.close(timeout_s=RECORD_DEADLINE_S)  # every step is committed before the outcome is
     except StepWriteError as exc:

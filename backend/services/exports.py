@@ -17,6 +17,7 @@ from backend.encoding import utf8_safe
 from backend.services.queries import STEP_COLUMNS, StepRow
 from backend.services.sweeps import ROW_METRICS, SweepRow
 from ckptlab.db.models import Experiment
+from ckptlab.summary import RunSummary
 
 __all__ = [
     "CSV_MEDIA_TYPE",
@@ -85,8 +86,8 @@ def experiment_record(exp: Experiment) -> dict[str, Any]:
     rec = {c: getattr(exp, c) for c in EXPERIMENT_COLUMNS}
     rec["error"] = exp.error.splitlines()[0] if exp.error else None
     rec.update(flatten(exp.spec or {}, "spec"))
-    if isinstance(exp.summary, Mapping):
-        rec.update(flatten(exp.summary, "summary"))
+    if exp.summary is not None:
+        rec.update(flatten(RunSummary.load(exp.summary).dump(), "summary"))
     return rec
 
 

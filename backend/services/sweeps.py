@@ -4,7 +4,6 @@ baseline and the summary metrics the charts, exports and the recommendation use.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,6 +14,7 @@ from sqlalchemy.orm import Session
 from ckptlab.db.models import Experiment, Sweep
 from ckptlab.domain import FINISHED_STATUSES, Status
 from ckptlab.stats import NOISE_THRESHOLD_PCT, RatioInterval, ratio_ci
+from ckptlab.summary import RunSummary
 from ckptlab.sweeps import axis_label, get_path, is_checkpoint_axis
 
 __all__ = [
@@ -82,13 +82,7 @@ def list_sweeps(session: Session, *, offset: int = 0, limit: int = 100) -> tuple
     return list(rows), session.scalar(select(func.count()).select_from(Sweep)) or 0
 
 
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) else None
-
-
-#: Summary keys copied into :class:`SweepRow` metrics when they are finite numbers.
+#: :class:`ckptlab.summary.RunSummary` fields copied into :class:`SweepRow` metrics.
 ROW_METRICS = (
     "activation_bytes",
     "peak_allocated_bytes",
@@ -176,14 +170,9 @@ def _simplicity(spec: Mapping[str, Any]) -> tuple:
 
 
 def step_samples(summary: Any) -> list[float]:
-    """The timed step times (ms) of a stored summary (``step_times_ms``), numbers only; [] when
-    there are none."""
-    if not isinstance(summary, Mapping):
-        return []
-    values = summary.get("step_times_ms")
-    if not isinstance(values, list):
-        return []
-    return [float(v) for v in values if _number(v) is not None]
+    """The timed step times (ms) of a stored summary (``step_times_ms``); [] when there are
+    none (:meth:`ckptlab.summary.RunSummary.load`)."""
+    return RunSummary.load(summary).step_times_ms
 
 
 def overhead_words(interval: RatioInterval | None, *, drift: bool = False) -> str | None:
@@ -209,7 +198,8 @@ def sweep_rows(sweep: Sweep, *, noise_threshold_pct: float = NOISE_THRESHOLD_PCT
     ``noise_threshold_pct``: the least overhead estimate that counts as a difference
     (:attr:`ckptlab.stats.RatioInterval.measurable`; the server's ``noise_threshold_pct``).
 
-    Robust to summaries that lack keys or hold non-numbers (those metrics are None).
+    Summaries are read with :meth:`ckptlab.summary.RunSummary.load`: a key that is missing
+    or holds another type is None.
     """
     paths = list(sweep.axes or {})
     other = [p for p in paths if not is_checkpoint_axis(p)]
@@ -221,10 +211,7 @@ def sweep_rows(sweep: Sweep, *, noise_threshold_pct: float = NOISE_THRESHOLD_PCT
             p: (None if baseline and is_checkpoint_axis(p) and p != "checkpoint.strategy" else get_path(spec, p))
             for p in paths
         }
-        summary = exp.summary if isinstance(exp.summary, dict) else {}
-        metrics = {k: _number(summary.get(k)) for k in ROW_METRICS}
-        gm = summary.get("gradients_match")
-        found = summary.get("findings") if isinstance(summary.get("findings"), list) else []
+        summary = RunSummary.load(exp.summary)
         rows.append(
             SweepRow(
                 experiment_id=exp.id,
@@ -233,18 +220,16 @@ def sweep_rows(sweep: Sweep, *, noise_threshold_pct: float = NOISE_THRESHOLD_PCT
                 values=values,
                 group={p: values[p] for p in other},
                 baseline_id=None,
-                metrics=metrics,
-                gradients_match=gm if isinstance(gm, bool) else None,
+                metrics={k: getattr(summary, k) for k in ROW_METRICS},
+                gradients_match=summary.gradients_match,
                 error=exp.error.splitlines()[0] if exp.error else None,
                 label=axis_label(values, [p for p in paths if not (baseline and values[p] is None)]) or "base",
                 strategy=str(get_path(spec, "checkpoint.strategy") or "none"),
                 simplicity=_simplicity(spec),
-                findings=[str(f.get("code")) for f in found if isinstance(f, dict)],
-                peak_phase=summary.get("peak_phase") if isinstance(summary.get("peak_phase"), str) else None,
-                peak_explanation=summary.get("peak_explanation")
-                if isinstance(summary.get("peak_explanation"), str)
-                else None,
-                step_times_ms=step_samples(summary),
+                findings=[f.code for f in summary.findings],
+                peak_phase=summary.peak_phase,
+                peak_explanation=summary.peak_explanation,
+                step_times_ms=summary.step_times_ms,
                 noise_threshold_pct=noise_threshold_pct,
             )
         )

@@ -87,6 +87,7 @@ def test_run_an_hf_model_from_its_config(cli, tmp_path, architecture):
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     assert summary["status"] == "succeeded" and summary["gradients_match"] is True
     assert summary["activation_bytes"] > 0
+    assert "gradients: match an un-checkpointed step" in result.stdout  # the verdict in the text, too
 
 
 def test_run_says_where_the_peak_is_and_warns_about_a_setting_that_does_nothing(cli, tmp_path):

@@ -1,0 +1,140 @@
+"""The run summary: what a run measured, as one typed model that the engine writes through
+and every reader reads through (the ``experiments.summary`` JSON column in, a
+:class:`RunSummary` out).
+
+The engine (:func:`worker.engine.run_experiment`) validates its summary with
+:meth:`RunSummary.dump` before it is stored; the backend's sweep rows, comparison and
+exports, the CLI and ``ckptlab.profile`` read it with :meth:`RunSummary.load`, which never
+raises: a summary from an older version (a key missing) takes the field's default, a key
+holding something of another type (a hand-edited row) is dropped to its default, and a
+key this version does not know is kept (``extra="allow"``) and shown as it is.
+
+Units: bytes for ``*_bytes``, milliseconds for ``*_ms``, seconds for ``*_s``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+__all__ = ["PhaseSpread", "Finding", "RunSummary"]
+
+
+class PhaseSpread(BaseModel):
+    """Median and spread of one phase's step times, ms (:class:`ckptlab.stats.Spread`)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    n: int
+    median: float
+    q1: float
+    q3: float
+    iqr: float | None = None
+    ci_low: float
+    ci_high: float
+
+
+class Finding(BaseModel):
+    """A setting that does nothing or backfires (:func:`ckptlab.explain.findings`)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    code: str
+    message: str
+
+
+class RunSummary(BaseModel):
+    """What one run measured (:func:`worker.engine.run_experiment` documents each field's
+    source). Every field is optional: a failed run stores only ``oom`` or ``failure``
+    details, a CPU run no ``reserved_bytes``.
+
+    Example usage::
+
+        summary = RunSummary.load(experiment.summary)
+        if summary.gradients_match is False:
+            print(summary.grad_worst_param)
+    """
+
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False, strict=True)
+
+    # Where it ran.
+    device: str | None = None
+    device_name: str | None = None
+    environment: dict[str, Any] = Field(default_factory=dict)
+    torch_version: str | None = None
+    # Memory (bytes).
+    activation_bytes: int | None = Field(None, description="live bytes a forward leaves (median over steps)")
+    peak_allocated_bytes: int | None = None
+    recompute_peak_bytes: int | None = None
+    reserved_bytes: int | None = Field(None, description="CUDA caching allocator's reserved bytes (max)")
+    nvml_used_bytes: int | None = None
+    memory_at_peak: dict[str, int] = Field(default_factory=dict, description="bytes by memory category")
+    memory_at_forward_end: dict[str, int] = Field(default_factory=dict)
+    peak_phase: Literal["forward", "backward", "optimizer"] | None = None
+    activation_bytes_at_peak: int | None = None
+    peak_explanation: str | None = None
+    memory_steps_run: int | None = None
+    memory_steps_requested: int | None = None
+    memory_growth_bytes_per_step: int | None = None
+    snapshot_path: str | None = None
+    # Time (ms).
+    timing_pass: Literal["timed", "memory"] | None = None
+    timing: dict[str, PhaseSpread | None] = Field(default_factory=dict)
+    step_time_ms: float | None = None
+    forward_ms: float | None = None
+    backward_ms: float | None = None
+    optimizer_ms: float | None = None
+    step_times_ms: list[float] = Field(default_factory=list, description="every timed step, ms")
+    claim_to_first_step_s: float | None = None
+    # The model and its gradients.
+    param_count: int | None = None
+    params_without_grad: int | None = None
+    final_loss: float | None = None
+    gradients_match: bool | None = None
+    grad_mismatch_count: int | None = None
+    grad_worst_param: str | None = None
+    grad_worst_rel_error: float | None = None
+    params_missing_grad: list[str] = Field(default_factory=list)
+    grad_max_abs_diff: float | None = None
+    grad_max_abs: float | None = None
+    loss_diff: float | None = None
+    reference_activation_bytes: int | None = None
+    # Words.
+    findings: list[Finding] = Field(default_factory=list)
+    warnings: list[str] = Field(default_factory=list)
+    # ckptlab.profile: what was profiled.
+    model: str | None = Field(None, description="class and parameter count of a profiled model")
+    blocks: str | None = Field(None, description="the blocks a profiled run checkpointed, and why those")
+    # A run that did not succeed.
+    oom: dict[str, Any] | None = Field(None, description="where an out-of-memory run stopped")
+    failure: dict[str, Any] | None = None
+
+    @classmethod
+    def load(cls, data: Any) -> RunSummary:
+        """The summary stored in a JSON column; never raises.
+
+        Args:
+            data: the column's value (a mapping, or None for a run without one).
+
+        Returns:
+            A :class:`RunSummary`; fields missing or holding the wrong type take their
+            defaults (None, empty).
+        """
+        if not isinstance(data, dict):
+            return cls()
+        values = dict(data)
+        for _ in range(len(values) + 1):
+            try:
+                return cls.model_validate(values)
+            except ValidationError as exc:
+                bad = {e["loc"][0] for e in exc.errors() if e["loc"]}
+                if not bad & values.keys():
+                    break
+                for key in bad:
+                    values.pop(key, None)
+        return cls()
+
+    def dump(self) -> dict[str, Any]:
+        """JSON-ready, with only the fields that were set (what the engine stores)."""
+        return self.model_dump(mode="json", exclude_unset=True)
