@@ -1,4 +1,4 @@
-"""The run summary: what a run measured, as one typed model that the engine writes through
+"""The run summary and the step record: what a run measured, as typed models that the engine writes through
 and every reader reads through (the ``experiments.summary`` JSON column in, a
 :class:`RunSummary` out).
 
@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-__all__ = ["PhaseSpread", "Finding", "RunSummary"]
+__all__ = ["PhaseSpread", "Finding", "RunSummary", "StepRecord"]
 
 
 class PhaseSpread(BaseModel):
@@ -138,3 +138,31 @@ class RunSummary(BaseModel):
     def dump(self) -> dict[str, Any]:
         """JSON-ready, with only the fields that were set (what the engine stores)."""
         return self.model_dump(mode="json", exclude_unset=True)
+
+
+class StepRecord(BaseModel):
+    """One optimizer step as the engine reports it (``on_step``) and ``steps`` stores it:
+    the :data:`ckptlab.domain.STEP_FIELDS` columns, the loss and ``extra`` (the memory
+    pass's breakdowns: ``activation_bytes``, per-phase peaks, ``memory_at_peak`` and
+    ``memory_at_forward_end`` by category, ``pass``: ``memory`` or ``timed``).
+
+    Memory fields are None for a timed step on CPU (the tracker is off). ``loss`` may be
+    non-finite (a diverged run): the store keeps it as NULL plus ``loss_nonfinite``.
+    """
+
+    model_config = ConfigDict(strict=True)
+
+    step: int = Field(ge=1)
+    forward_ms: float
+    backward_ms: float
+    optimizer_ms: float
+    step_ms: float
+    allocated_bytes: int | None = None
+    peak_allocated_bytes: int | None = None
+    reserved_bytes: int | None = None
+    loss: float | None = None
+    extra: dict[str, Any] = Field(default_factory=dict)
+
+    def record(self) -> dict[str, Any]:
+        """The plain dict ``on_step`` callbacks and the store take."""
+        return self.model_dump()

@@ -42,7 +42,7 @@ import torch
 from ckptlab.explain import findings, peak_sentence
 from ckptlab.spec import ExperimentSpec
 from ckptlab.stats import describe
-from ckptlab.summary import RunSummary
+from ckptlab.summary import RunSummary, StepRecord
 from worker.errors import RunError, RunOutOfMemory
 from worker.gradcheck import verify_gradients
 from worker.hostmem import is_out_of_memory, oom_details
@@ -318,18 +318,15 @@ def _timed_step(spec, dev, built: Built, params, opt, scaler, autocast, gen, whe
     _optimizer_step(opt, scaler)
     opt.zero_grad(set_to_none=True)
     times["optimizer"] += (time.perf_counter() - t2) * 1e3
-    return {
-        "step": where["step"],
-        "forward_ms": times["forward"],
-        "backward_ms": times["backward"],
-        "optimizer_ms": times["optimizer"],
-        "step_ms": sum(times.values()),
-        "allocated_bytes": None,
-        "peak_allocated_bytes": None,
-        "reserved_bytes": None,
-        "loss": loss_total,
-        "extra": {"pass": "timed"},
-    }
+    return StepRecord(
+        step=where["step"],
+        forward_ms=times["forward"],
+        backward_ms=times["backward"],
+        optimizer_ms=times["optimizer"],
+        step_ms=sum(times.values()),
+        loss=loss_total,
+        extra={"pass": "timed"},
+    ).record()
 
 
 def _one_step(spec, dev, meter: Meter, built: Built, params, opt, scaler, autocast, gen, where) -> dict[str, Any]:
@@ -396,17 +393,17 @@ def _one_step(spec, dev, meter: Meter, built: Built, params, opt, scaler, autoca
         at_peak = meter.breakdown(params, opt, step_peak, step_peak if peak_phase != "optimizer" else 0, peak=True)
     else:
         at_peak = peak_cats.get(peak_phase, dict.fromkeys(CATEGORIES, 0))
-    return {
-        "step": where["step"],
-        "forward_ms": times["forward"],
-        "backward_ms": times["backward"],
-        "optimizer_ms": times["optimizer"],
-        "step_ms": sum(times.values()),
-        "allocated_bytes": first["allocated"],
-        "peak_allocated_bytes": step_peak,
-        "reserved_bytes": probe.reserved_bytes if meter.cuda else None,
-        "loss": loss_total,
-        "extra": {
+    return StepRecord(
+        step=where["step"],
+        forward_ms=times["forward"],
+        backward_ms=times["backward"],
+        optimizer_ms=times["optimizer"],
+        step_ms=sum(times.values()),
+        allocated_bytes=first["allocated"],
+        peak_allocated_bytes=step_peak,
+        reserved_bytes=probe.reserved_bytes if meter.cuda else None,
+        loss=loss_total,
+        extra={
             "activation_bytes": first["activation_bytes"],
             "forward_peak_bytes": peaks["forward"],
             "backward_peak_bytes": peaks["backward"],
@@ -417,4 +414,4 @@ def _one_step(spec, dev, meter: Meter, built: Built, params, opt, scaler, autoca
             "params_without_grad": missing,
             "nvml_used_bytes": meter.nvml_used(),
         },
-    }
+    ).record()
