@@ -8,7 +8,7 @@ import {
 import { LiveStream, liveBadge } from './live.js';
 import { shortName, valueText, num, renderProgress, renderHeader } from './sweep_header.js';
 import { PLOT_CONFIG, sweepFigure } from './charts.js';
-import { parseBytes, recommend } from './budget.js';
+import { parseBytes } from './budget.js';
 
 export const CHARTS = [
   ['memory_vs_segments', 'sweep-chart-memory'],
@@ -72,7 +72,7 @@ function renderTable() {
   const rec = c.rec || {};
   table.tBodies[0].replaceChildren(...rows.map((r) => {
     const m = r.metrics;
-    const fits = rec.fitting ? rec.fitting.has(r.experiment_id) : null;
+    const fits = rec.fitting && rec.fitting.has(r.experiment_id) ? true : rec.over && rec.over.has(r.experiment_id) ? false : null;
     const classes = ['clickable'];
     if (rec.recommended && rec.recommended.experiment_id === r.experiment_id) classes.push('recommended');
     if (rec.smallest && rec.smallest.experiment_id === r.experiment_id) classes.push('smallest');
@@ -102,7 +102,7 @@ function renderTable() {
     });
     const tags = [];
     if (classes.includes('recommended')) tags.push(el('span', { class: 'tag tag-rec' }, '★ recommended'));
-    if (classes.includes('smallest')) tags.push(el('span', { class: 'tag tag-small', title: `smallest peak within ${fmtPct(c.overhead)} step time` }, `smallest ≤${fmtPct(c.overhead)}`));
+    if (classes.includes('smallest')) tags.push(el('span', { class: 'tag tag-small', title: `smallest peak within ${fmtPct(c.overhead)} of the fastest step time` }, `smallest ≤${fmtPct(c.overhead)}`));
     const budgetCell = el('td', { class: 'budget-cell' },
       fits === true ? el('span', { class: 'fit yes' }, 'fits') : fits === false ? el('span', { class: 'fit no' }, 'over') : '', ...tags);
     return el('tr', { dataset: { id: r.experiment_id }, class: classes.join(' '), title: r.label }, cells, budgetCell);
@@ -130,66 +130,71 @@ function pickLine(row, extra) {
   ];
 }
 
-let reasonTicket = 0;
+let recTicket = 0;
 
-/** The server's verdict for this budget (GET /api/sweeps/{id}/recommendation): only real
- * savings count, time differences inside the 95% CI are ties, and it says why. */
-async function showServerReason(id, budget) {
-  const ticket = ++reasonTicket;
-  const q = budget === null ? '' : `?budget_bytes=${budget}`;
-  const r = await api(`/api/sweeps/${id}/recommendation${q}`).catch(() => null);
-  if (ticket !== reasonTicket || !r || !r.ok) return;
-  const rec = r.body;
-  $('recommend-reason').replaceChildren(
-    el('strong', null, 'ckptlab: '),
-    rec.experiment_id ? el('a', { href: `#/experiments/${rec.experiment_id}` }, `${rec.label} (#${rec.experiment_id})`) : 'no pick',
-    ` — ${rec.reason}.`,
-  );
+/** The card's state from the server's recommendation (GET /api/sweeps/{id}/recommendation),
+ * the only recommender: only real savings count, time differences inside the 95% CI are
+ * ties, and it says why. `over`: measured runs whose peak is above the budget. */
+function recState(server, rows, budget) {
+  const over = new Set(budget === null ? [] : rows
+    .filter((r) => num(r.metrics.peak_allocated_bytes) !== null && r.metrics.peak_allocated_bytes > budget)
+    .map((r) => r.experiment_id));
+  return {
+    recommended: server && server.experiment_id ? rows.find((r) => r.experiment_id === server.experiment_id) || null : null,
+    smallest: server && server.smallest_within ? rows.find((r) => r.experiment_id === server.smallest_within.experiment_id) || null : null,
+    fitting: server && server.fitting ? new Set(server.fitting) : null,
+    over,
+    server,
+  };
 }
 
-function renderRecommendation() {
+async function renderRecommendation() {
   const c = cur;
   const { raw, budget, overhead } = readInputs();
-  showServerReason(c.id, budget);
   c.overhead = overhead;
-  const hint = $('budget-hint');
-  $('budget').toggleAttribute('aria-invalid', Boolean(raw) && budget === null);
-  hint.textContent = !raw ? 'peak allocated must fit' : budget === null ? 'not a size: try 24 GiB, 512 MiB or a number of bytes' : `= ${fmtInt(budget)} bytes (${fmtBytes(budget)})`;
-  hint.classList.toggle('bad', Boolean(raw) && budget === null);
+  const hint = $('budget');
+  hint.toggleAttribute('aria-invalid', Boolean(raw) && budget === null);
+  const budgetHint = $('budget-hint');
+  budgetHint.textContent = !raw ? 'peak allocated must fit' : budget === null ? 'not a size: try 24 GiB, 512 MiB or a number of bytes' : `= ${fmtInt(budget)} bytes (${fmtBytes(budget)})`;
+  budgetHint.classList.toggle('bad', Boolean(raw) && budget === null);
+  const ticket = ++recTicket;
+  const params = new URLSearchParams();
+  if (budget !== null) params.set('budget_bytes', String(budget));
+  if (overhead !== null && overhead >= 0) params.set('within_pct', String(overhead));
+  const q = params.toString();
+  const r = await api(`/api/sweeps/${c.id}/recommendation${q ? `?${q}` : ''}`).catch(() => null);
+  if (ticket !== recTicket || c !== cur) return;
   const rows = (c.results && c.results.data) || [];
-  const rec = recommend(rows, { budget, overheadPct: overhead });
+  const server = r && r.ok ? r.body : null;
+  const rec = recState(server, rows, budget);
   c.rec = rec;
   const recBox = $('pick-recommended');
   const smallBox = $('pick-smallest');
-  if (!rec.candidates) {
+  $('recommend-reason').replaceChildren(...(server ? [el('strong', null, 'Why: '), `${server.reason}.`] : []));
+  const differ = server ? server.excluded.filter((e) => e.why === 'its gradients differ').length : 0;
+  if (!server || !server.considered.length) {
     recBox.replaceChildren(el('span', { class: 'pick-title' }, 'Recommended'), el('span', { class: 'muted' }, 'appears when runs succeed'));
-    smallBox.replaceChildren();
+  } else if (!rec.recommended) {
+    recBox.replaceChildren(el('span', { class: 'pick-title bad' }, budget === null ? 'No recommendation' : `Nothing fits in ${fmtBytes(budget)}`),
+      el('span', { class: 'muted' }, server.reason));
   } else {
-    if (budget === null) {
-      recBox.replaceChildren(el('span', { class: 'pick-title' }, 'Recommended'),
-        el('span', { class: 'muted' }, 'type your memory budget (e.g. the card\'s memory) to see what fits and the fastest of it'));
-    } else if (!rec.recommended) {
-      recBox.replaceChildren(el('span', { class: 'pick-title bad' }, `Nothing fits in ${fmtBytes(budget)}`),
-        el('span', null, 'smallest peak: ', ...pickLine(rec.leanest)));
-    } else {
-      const fitOk = rows.filter((r) => rec.fitting.has(r.experiment_id) && r.gradients_match !== false).length;
-      recBox.replaceChildren(el('span', { class: 'pick-title' }, `★ Recommended for ${fmtBytes(budget)}`),
-        ...pickLine(rec.recommended, `fastest of the ${fitOk} of ${rec.candidates} configurations that fit`));
-    }
-    if (rec.excluded) {
-      recBox.append(el('span', { class: 'pick-note warn' },
-        `${rec.excluded} configuration${rec.excluded > 1 ? 's are' : ' is'} never recommended: gradients differ from the run without checkpointing.`));
-    }
-    recBox.dataset.id = rec.recommended ? rec.recommended.experiment_id : '';
-    if (overhead === null) smallBox.replaceChildren();
-    else if (!rec.smallest) {
-      smallBox.replaceChildren(el('span', { class: 'pick-title' }, `Smallest within ${fmtPct(overhead)} time`),
-        el('span', { class: 'muted' }, 'no configuration is that close to its baseline'));
-    } else {
-      smallBox.replaceChildren(el('span', { class: 'pick-title' }, `Smallest peak within ${fmtPct(overhead)} time`), ...pickLine(rec.smallest));
-    }
-    smallBox.dataset.id = rec.smallest ? rec.smallest.experiment_id : '';
+    const title = budget === null ? '★ Recommended (no budget: the lowest real peak)' : `★ Recommended for ${fmtBytes(budget)}`;
+    const fitNote = rec.fitting ? `${rec.fitting.size} of ${server.considered.length} configurations fit` : '';
+    recBox.replaceChildren(el('span', { class: 'pick-title' }, title), ...pickLine(rec.recommended, fitNote));
   }
+  if (differ) {
+    recBox.append(el('span', { class: 'pick-note warn' },
+      `${differ} configuration${differ > 1 ? 's are' : ' is'} never recommended: gradients differ from the run without checkpointing.`));
+  }
+  recBox.dataset.id = rec.recommended ? rec.recommended.experiment_id : '';
+  if (overhead === null || !server || !server.considered.length) smallBox.replaceChildren();
+  else if (!rec.smallest) {
+    smallBox.replaceChildren(el('span', { class: 'pick-title' }, `Smallest within ${fmtPct(overhead)} of the fastest`),
+      el('span', { class: 'muted' }, 'no configuration qualifies'));
+  } else {
+    smallBox.replaceChildren(el('span', { class: 'pick-title' }, `Smallest peak within ${fmtPct(overhead)} of the fastest`), ...pickLine(rec.smallest));
+  }
+  smallBox.dataset.id = rec.smallest ? rec.smallest.experiment_id : '';
   renderTable();
 }
 

@@ -260,6 +260,10 @@ def sweep_recommendation(
     budget_bytes: Annotated[
         int | None, Query(ge=1, le=2**62, description="memory budget for the peak, bytes (optional)")
     ] = None,
+    within_pct: Annotated[
+        float | None,
+        Query(ge=0, le=1_000_000, description="also name the smallest setting within this % of the fastest's step time"),
+    ] = None,
 ) -> RecommendationPublic:
     """A setting is better than its baseline only when its peak and activations are lower by
     more than 1% (and 4 KiB) and its gradients do not differ; step times differ only when
@@ -268,4 +272,5 @@ def sweep_recommendation(
     the baseline."""
     sweep = _get_or_404(session, sweep_id)
     rows = sweep_reads.sweep_rows(sweep, noise_threshold_pct=settings.noise_threshold_pct)
-    return RecommendationPublic.model_validate(recommend(rows, budget_bytes=budget_bytes), from_attributes=True)
+    rec = recommend(rows, budget_bytes=budget_bytes, within_pct=within_pct)
+    return RecommendationPublic.model_validate(rec, from_attributes=True)

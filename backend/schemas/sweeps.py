@@ -341,6 +341,14 @@ class ExcludedRow(BaseModel):
     why: str
 
 
+class SmallestWithin(BaseModel):
+    """The lowest-peak setting whose step time is within ``within_pct`` % of the fastest's."""
+
+    experiment_id: int
+    label: str
+    within_pct: float
+
+
 class RecommendationPublic(BaseModel):
     """Which setting of a sweep to use, and why (``GET /api/sweeps/{id}/recommendation``)."""
 
@@ -362,3 +370,9 @@ class RecommendationPublic(BaseModel):
     budget_bytes: int | None
     considered: list[int] = Field(description="candidate experiment ids (succeeded, gradients not differing)")
     excluded: list[ExcludedRow]
+    fitting: list[int] | None = Field(
+        None, description="with a budget: the candidates (baselines, real savings) whose peak fits it"
+    )
+    smallest_within: SmallestWithin | None = Field(
+        None, description="with within_pct: the lowest peak among the candidates within that overhead of the fastest"
+    )

@@ -46,6 +46,12 @@ class Recommendation:
         considered: candidate experiment ids.
         excluded: ``{experiment_id, label, why}`` for rows left out (failed, wrong
             gradients, no real saving).
+        fitting: with a budget, every candidate (baselines and settings with a real
+            saving) whose peak fits it; None without a budget.
+        smallest_within: with ``within_pct``, ``{experiment_id, label, within_pct}``: the
+            lowest peak among the candidates (fitting the budget, if any) whose step time
+            is not measurably more than ``within_pct`` % above the fastest of them; None
+            when not asked or none qualifies.
     """
 
     experiment_id: int | None
@@ -54,6 +60,8 @@ class Recommendation:
     budget_bytes: int | None = None
     considered: list[int] = field(default_factory=list)
     excluded: list[dict] = field(default_factory=list)
+    fitting: list[int] | None = None
+    smallest_within: dict | None = None
 
 
 def _peak(r: SweepRow) -> float:
@@ -99,16 +107,51 @@ def _why_peak(rows: Sequence[SweepRow]) -> str:
     return f" ({base.peak_explanation})" if base else ""
 
 
-def recommend(rows: Sequence[SweepRow], *, budget_bytes: int | None = None) -> Recommendation:
+def _smallest_within(pool: list[SweepRow], within_pct: float) -> dict | None:
+    """The lowest-peak row of ``pool`` whose step time is within ``within_pct`` % of the
+    fastest row's: its ratio's 95% CI reaches down to ``within_pct`` or below (so noise
+    never rules a row out); ties on peak go to the simpler setting."""
+    if not pool:
+        return None
+    fastest = _best(pool, by_peak=False)
+    close = []
+    for r in pool:
+        interval = ratio_ci(fastest.step_times_ms, r.step_times_ms, threshold_pct=r.noise_threshold_pct)
+        if r is fastest or (interval is not None and interval.low_pct <= within_pct):
+            close.append(r)
+    best = min(close, key=lambda r: (_peak(r), r.simplicity))
+    return {"experiment_id": best.experiment_id, "label": best.label, "within_pct": within_pct}
+
+
+def recommend(
+    rows: Sequence[SweepRow], *, budget_bytes: int | None = None, within_pct: float | None = None
+) -> Recommendation:
     """Recommend a setting from a sweep's rows (see the module docstring for the rules).
 
     Args:
         rows: :func:`backend.services.sweeps.sweep_rows` of one sweep.
         budget_bytes: the memory budget for the peak (bytes), or None.
+        within_pct: also name the smallest setting within this step-time overhead (%) of
+            the fastest (:attr:`Recommendation.smallest_within`), or None.
 
     Returns:
-        The recommendation with its reason.
+        The recommendation with its reason; the only one the API and the page show.
     """
+    rec = _recommend(rows, budget_bytes)
+    if within_pct is not None and rec.considered:
+        by_id = {r.experiment_id: r for r in rows}
+        pool_ids = rec.fitting if rec.fitting is not None else _eligible_ids(rows, rec)
+        rec.smallest_within = _smallest_within([by_id[i] for i in pool_ids], within_pct)
+    return rec
+
+
+def _eligible_ids(rows: Sequence[SweepRow], rec: Recommendation) -> list[int]:
+    """Candidates that are a choice: baselines, and settings with a real saving."""
+    out = {e["experiment_id"] for e in rec.excluded}
+    return [i for i in rec.considered if i not in out]
+
+
+def _recommend(rows: Sequence[SweepRow], budget_bytes: int | None) -> Recommendation:
     by_id = {r.experiment_id: r for r in rows}
     excluded: list[dict] = []
     candidates: list[SweepRow] = []
@@ -130,11 +173,15 @@ def recommend(rows: Sequence[SweepRow], *, budget_bytes: int | None = None) -> R
             excluded.append({"experiment_id": r.experiment_id, "label": r.label, "why": why})
     considered = [r.experiment_id for r in candidates]
 
+    fits = None
+    if budget_bytes is not None:
+        fits = [r.experiment_id for r in [*baselines, *saving] if _peak(r) <= budget_bytes]
+
     def pick(r: SweepRow, reason: str) -> Recommendation:
-        return Recommendation(r.experiment_id, r.label, reason, budget_bytes, considered, excluded)
+        return Recommendation(r.experiment_id, r.label, reason, budget_bytes, considered, excluded, fits)
 
     def none_(reason: str) -> Recommendation:
-        return Recommendation(None, None, reason, budget_bytes, considered, excluded)
+        return Recommendation(None, None, reason, budget_bytes, considered, excluded, fits)
 
     if not candidates:
         return none_("no succeeded run with matching gradients to recommend")

@@ -70,3 +70,29 @@ def test_wrong_gradients_and_failed_runs_are_excluded_with_a_reason():
     rec = recommend(rows)
     whys = {e["experiment_id"]: e["why"] for e in rec.excluded}
     assert whys == {2: "its gradients differ", 3: "status oom"} and rec.experiment_id == 1
+
+
+def test_the_recommendation_lists_what_fits_and_the_smallest_within_an_overhead_of_the_fastest():
+    rows = [
+        sweep_row(1, peak=40 * MIB, activations=30 * MIB, step_ms=10),
+        sweep_row(2, segments=2, peak=25 * MIB, activations=15 * MIB, step_ms=11),  # +10%
+        sweep_row(3, segments=4, peak=18 * MIB, activations=8 * MIB, step_ms=13),  # +30%
+        sweep_row(4, segments=8, peak=16 * MIB, activations=6 * MIB, step_ms=20),  # +100%
+    ]
+    rec = recommend(rows, budget_bytes=30 * MIB, within_pct=35)
+    assert rec.experiment_id == 2 and rec.fitting == [2, 3, 4]
+    assert rec.smallest_within == {"experiment_id": 3, "label": "segments=4", "within_pct": 35}  # 4 is +100%
+    assert recommend(rows, budget_bytes=30 * MIB, within_pct=5).smallest_within["experiment_id"] == 2  # the fastest
+    assert recommend(rows).fitting is None and recommend(rows).smallest_within is None
+    # Without a budget every candidate that is a choice counts: the baseline is the fastest.
+    assert recommend(rows, within_pct=12).smallest_within["experiment_id"] == 2
+
+
+def test_a_time_inside_the_noise_counts_as_within_whatever_its_raw_median():
+    # segments=8 looks 40% slower by its median, but its steps are so noisy that the 95% CI
+    # of the ratio reaches below 20%: noise never rules a setting out.
+    rows = [
+        sweep_row(1, peak=40 * MIB, activations=30 * MIB, step_ms=10, jitter=0.01),
+        sweep_row(2, segments=8, peak=16 * MIB, activations=6 * MIB, step_ms=14, jitter=0.9),
+    ]
+    assert recommend(rows, within_pct=20).smallest_within["experiment_id"] == 2

@@ -154,20 +154,21 @@ def test_sweep_from_form_live_charts_and_recommendation(
         r["experiment_id"] for r in results["data"]
     )
 
-    # A budget that only some configurations fit: the fastest of those whose gradients do
-    # not differ (rng off with dropout does) is recommended.
+    # A budget that only some configurations fit: the card, the table and the API name the
+    # same run (the server's recommendation is the only one); rng off with dropout, whose
+    # gradients differ, is never it.
     done = [r for r in results["data"] if r["status"] == "succeeded"]
     assert any(r["gradients_match"] is False for r in done), "expected rng=off with dropout to differ"
     peaks = sorted({r["metrics"]["peak_allocated_bytes"] for r in done})
     assert len(peaks) >= 2, f"every run has the same peak, no budget splits them: {peaks}"
     budget_kib = round((peaks[0] + peaks[-1]) / 2 / 1024)
     budget = round(budget_kib * 1024)
-    fitting = [r for r in done if r["metrics"]["peak_allocated_bytes"] <= budget]
-    assert 0 < len(fitting) < len(done)
-    best = min(
-        (r for r in fitting if r["gradients_match"] is not False and r["repeat_of"] is None),
-        key=lambda r: (r["metrics"]["step_time_ms"], r["metrics"]["peak_allocated_bytes"], r["experiment_id"]),
-    )
+    over_budget = [r for r in done if r["metrics"]["peak_allocated_bytes"] > budget]
+    assert 0 < len(over_budget) < len(done)
+    code, api_rec = _get_json(f"{app_url}/api/sweeps/{sweep_id}/recommendation?budget_bytes={budget}")
+    assert code == 200 and api_rec["experiment_id"] is not None, api_rec
+    best = next(r for r in results["data"] if r["experiment_id"] == api_rec["experiment_id"])
+    assert best["gradients_match"] is not False and best["metrics"]["peak_allocated_bytes"] <= budget
     page.fill("#budget", f"{budget_kib} KiB")
     recommended = page.locator("#sweep-runs tbody tr.recommended")
     expect(recommended).to_have_count(1)
@@ -176,28 +177,20 @@ def test_sweep_from_form_live_charts_and_recommendation(
     expect(page.locator("#pick-recommended")).to_have_attribute("data-id", str(best["experiment_id"]))
     expect(page.locator("#pick-recommended")).to_contain_text(best["label"])
     expect(page.locator("#pick-recommended")).to_contain_text("gradients differ")
+    expect(page.locator("#recommend-reason")).to_contain_text(api_rec["reason"])
     fits = sorted(
         int(i) for i in page.locator("#sweep-runs tbody tr.fits").evaluate_all("(rs) => rs.map((r) => r.dataset.id)")
     )
-    assert fits == sorted(r["experiment_id"] for r in fitting)
+    assert fits == sorted(api_rec["fitting"])
     over = page.locator("#sweep-runs tbody tr.over-budget")
-    expect(over).to_have_count(len(done) - len(fitting))
+    expect(over).to_have_count(len(over_budget))
 
-    # The smallest peak within the time overhead (vs each run's baseline).
+    # The smallest peak within a time overhead of the fastest fitting run: the server's.
     page.fill("#overhead", "100000")
-    smallest = min(
-        (
-            r
-            for r in done
-            if r["metrics"]["overhead_pct"] is not None and r["gradients_match"] is not False and r["repeat_of"] is None
-        ),
-        key=lambda r: (
-            r["metrics"]["peak_allocated_bytes"],
-            r["metrics"]["activation_bytes"],
-            r["metrics"]["step_time_ms"],
-            r["experiment_id"],
-        ),
-    )
+    code, within = _get_json(f"{app_url}/api/sweeps/{sweep_id}/recommendation?budget_bytes={budget}&within_pct=100000")
+    smallest = within["smallest_within"]  # everything is within 100000%: the lowest fitting peak
+    peak_of = {r["experiment_id"]: r["metrics"]["peak_allocated_bytes"] for r in done}
+    assert peak_of[smallest["experiment_id"]] == min(peak_of[i] for i in api_rec["fitting"])
     expect(page.locator("#pick-smallest")).to_have_attribute("data-id", str(smallest["experiment_id"]))
     page.fill("#overhead", "20")
 

@@ -52,3 +52,72 @@ def test_the_same_work_twice_is_no_measurable_difference(app_url: str, page: Pag
     expect(page.locator("#exp-overhead-ci")).to_contain_text("95% CI")
     expect(page.locator("#exp-headline")).to_contain_text("no measurable difference")
     assert not page_errors, page_errors
+
+
+def _insert_sweep_with_a_noisy_fastest_run(app_dir) -> tuple[int, dict[str, int]]:
+    """A finished sweep written straight into the app's database (no worker runs it): a
+    baseline and segments 2 and 8, both fitting 30 MiB; segments=8 has the lowest raw
+    median step time, but its steps are so noisy that it ties with segments=2."""
+    import random
+
+    from ckptlab.db.database import make_engine, make_sessionmaker
+    from ckptlab.db.models import Experiment, Sweep
+    from ckptlab.settings import Settings
+    from ckptlab.sweeps import plan_sweep
+    from tests.factories import spec_dict
+
+    mib = 2**20
+    base = spec_dict(**{"checkpoint.strategy": "sequential"})
+    plan = plan_sweep(base, {"checkpoint.segments": [2, 8]})
+    shapes = {1: (40, 30, 10.0, 0.01), 2: (25, 15, 12.0, 0.02), 8: (24, 10, 11.5, 0.9)}  # peak, act, ms, jitter
+    engine = make_engine(Settings(data_dir=app_dir).resolved_database_url)
+    ids: dict[str, int] = {}
+    try:
+        with make_sessionmaker(engine)() as session:
+            sweep = Sweep(name="noisy", base=base, axes={"checkpoint.segments": [2, 8]}, invalid=[], cancelled=False)
+            for run in [r for r in plan.runs if not r.repeat]:
+                segments = 1 if run.baseline else run.spec.checkpoint.segments
+                peak, act, ms, jitter = shapes[segments]
+                rng = random.Random(segments)
+                exp = Experiment(
+                    spec=run.spec.model_dump(mode="json"),
+                    model_kind="mlp",
+                    strategy=run.spec.checkpoint.strategy,
+                    status="succeeded",
+                    attempt=1,
+                    worker_id="test",
+                    summary={
+                        "peak_allocated_bytes": peak * mib,
+                        "activation_bytes": act * mib,
+                        "step_time_ms": ms,
+                        "step_times_ms": [ms * (1 + rng.uniform(-jitter, jitter)) for _ in range(20)],
+                        "gradients_match": None if run.baseline else True,
+                    },
+                )
+                sweep.experiments.append(exp)
+            session.add(sweep)
+            session.commit()
+            for exp in sweep.experiments:
+                ids["base" if exp.strategy == "none" else f"segments={exp.spec['checkpoint']['segments']}"] = exp.id
+            return sweep.id, ids
+    finally:
+        engine.dispose()
+
+
+def test_the_panel_names_the_servers_pick_when_the_raw_fastest_run_is_inside_the_noise(
+    app, page: Page, page_errors: list[str]
+) -> None:
+    sweep_id, ids = _insert_sweep_with_a_noisy_fastest_run(app.data_dir)
+    budget = 30 * 2**20
+    code, rec = _get_json(f"{app.url}/api/sweeps/{sweep_id}/recommendation?budget_bytes={budget}")
+    assert code == 200 and rec["experiment_id"] == ids["segments=2"], rec  # the simpler of two ties
+    code, results = _get_json(f"{app.url}/api/sweeps/{sweep_id}/results")
+    medians = {r["experiment_id"]: r["metrics"]["step_time_ms"] for r in results["data"] if r["role"] == "run"}
+    assert min(medians, key=medians.get) == ids["segments=8"]  # what a raw-median rule would pick
+
+    page.goto(f"{app.url}/#/sweeps/{sweep_id}?budget=30MiB")
+    expect(page.locator("#pick-recommended")).to_have_attribute("data-id", str(ids["segments=2"]))
+    expect(page.locator("#sweep-runs tbody tr.recommended")).to_have_attribute("data-id", str(ids["segments=2"]))
+    expect(page.locator("#sweep-runs tbody tr.recommended")).to_have_count(1)
+    expect(page.locator("#recommend-reason")).to_contain_text("simpler settings win ties within the noise")
+    assert not page_errors, page_errors
