@@ -52,8 +52,9 @@ class HFModelSpec(_Strict):
     @model_validator(mode="before")
     @classmethod
     def _config_fields(cls, data: Any) -> Any:
-        if not isinstance(data, dict) or data.get("architecture") not in HF_ARCHITECTURES:
-            return data
+        name = data.get("architecture") if isinstance(data, dict) else None
+        if not isinstance(name, str) or name not in HF_ARCHITECTURES:
+            return data  # the field's own validation names what is wrong
         arch = HF_ARCHITECTURES[data["architecture"]]
         unused = "image_size" if arch.family == "causal_lm" else "seq_len"
         for name, value in data.items():

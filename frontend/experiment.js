@@ -7,7 +7,7 @@ import {
 import { LiveStream, liveBadge } from './live.js';
 import { PLOT_CONFIG, SERIES_METRICS, memoryFigure, seriesFigures, timeFigure } from './charts.js';
 import { fillForm } from './form.js';
-import { setStatus, renderSpec, renderSummary, renderEnvironment, renderDownloads, findBaseline } from './experiment_summary.js';
+import { setStatus, renderSpec, renderSummary, renderEnvironment, renderDownloads, renderHistory, findBaseline } from './experiment_summary.js';
 
 /** Steps are re-read with their memory breakdown (which the stream does not carry) at most
  * this often while a run is live, and only for runs up to EXTRA_MAX_STEPS steps. */
@@ -209,6 +209,7 @@ function startStream() {
       } else {
         c.exp = { ...c.exp, status: d.status, attempt: d.attempt };
         setStatus(d.status);
+        renderHistory(c.id);
         renderSummary(c.exp, null);
         if (d.status === STATUS.RUNNING && !c.exp.started_at) {
           api(`/api/experiments/${c.id}`).then((r) => {
@@ -261,6 +262,7 @@ function renderAll(exp) {
   renderSummary(exp, null);
   renderEnvironment(exp.summary);
   renderDownloads(exp);
+  renderHistory(exp.id);
 }
 
 function reset(id) {
@@ -280,6 +282,7 @@ function reset(id) {
   $('exp-sweep-crumb').replaceChildren();
   kv($('exp-env'), [['—', 'recorded when the run finishes', { class: 'muted' }]]);
   $('exp-spec-json').textContent = '';
+  $('exp-history').replaceChildren();
   $('exp-warnings-box').hidden = true;
   $('summary-pending').hidden = false;
   $('summary-pending').textContent = 'Loading…';

@@ -3,7 +3,7 @@
  * the spec, the environment, downloads, and finding / submitting that baseline. */
 
 import {
-  $, RECOMPUTING, STATUS, TERMINAL, api, detailText, el, fmtAgo, fmtBytes, fmtDate, fmtDiff, fmtDuration, fmtInt, fmtMs, fmtPct, gradBadge, kv, strategyLabel,
+  $, RECOMPUTING, STATUS, TERMINAL, api, detailText, el, fmtAgo, fmtBytes, fmtDate, fmtDiff, fmtDuration, fmtInt, fmtMs, fmtPct, gradBadge, kv, statusBadge, strategyLabel,
 } from './util.js';
 import { CATEGORIES } from './charts.js';
 
@@ -240,4 +240,22 @@ export async function findBaseline(exp) {
   } catch (_) {
     return null;
   }
+}
+
+// ------------------------------------------------------------------ history
+
+let historyTicket = 0;
+
+/** The recorded status changes (GET /api/experiments/{id}/events/history): when, to what,
+ * which attempt and worker, why. A requeued run shows the attempt its worker lost. */
+export async function renderHistory(id) {
+  const ticket = ++historyTicket;
+  const r = await api(`/api/experiments/${id}/events/history`).catch(() => null);
+  if (ticket !== historyTicket || !r || !r.ok) return;
+  $('exp-history').replaceChildren(...r.body.data.map((e) => el('li', { class: `event status-${e.status}`, dataset: { attempt: e.attempt, status: e.status } },
+    el('time', { datetime: e.at, title: fmtDate(e.at) }, fmtAgo(e.at)), ' ',
+    statusBadge(e.status),
+    e.attempt ? ` attempt ${e.attempt}` : '',
+    e.worker_id ? el('span', { class: 'muted' }, ` on ${e.worker_id}`) : '',
+    e.reason ? ` — ${e.reason}` : '')));
 }

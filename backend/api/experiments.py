@@ -16,6 +16,8 @@ from backend.schemas import (
     AttemptPublic,
     AttemptsPublic,
     ComparisonPublic,
+    EventPublic,
+    EventsPublic,
     ExperimentCreate,
     ExperimentPublic,
     ExperimentsPublic,
@@ -29,7 +31,7 @@ from backend.schemas import (
 )
 from backend.services import comparison, exports, queries, series, streams
 from backend.services.responses import CSV_RESPONSE, SSE_RESPONSE, WRITE_RESPONSES
-from ckptlab.db import queue, store
+from ckptlab.db import events, queue, store
 from ckptlab.db.models import Experiment
 from ckptlab.limits import limit_errors
 from ckptlab.spec import MODEL_KINDS, STRATEGIES, ExperimentSpec
@@ -183,6 +185,19 @@ def list_attempts(session: SessionDep, experiment_id: ExperimentId) -> AttemptsP
     exp = _get_or_404(session, experiment_id)
     rows = store.list_attempts(session, experiment_id=exp.id)
     return AttemptsPublic(data=[AttemptPublic.model_validate(a) for a in rows])
+
+
+@router.get(
+    "/{experiment_id}/events/history",
+    response_model=EventsPublic,
+    responses=NOT_FOUND,
+    summary="Every status change of an experiment: when, which attempt and worker, why",
+)
+def list_events(session: SessionDep, experiment_id: ExperimentId) -> EventsPublic:
+    """The recorded history (``experiment_events``, written with each change): a requeued
+    experiment shows which worker lost which attempt, when and why."""
+    exp = _get_or_404(session, experiment_id)
+    return EventsPublic(data=[EventPublic.model_validate(e) for e in events.history(session, experiment_id=exp.id)])
 
 
 @router.get(

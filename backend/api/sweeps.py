@@ -262,7 +262,9 @@ def sweep_recommendation(
     ] = None,
     within_pct: Annotated[
         float | None,
-        Query(ge=0, le=1_000_000, description="also name the smallest setting within this % of the fastest's step time"),
+        Query(
+            ge=0, le=1_000_000, description="also name the smallest setting within this % of the fastest's step time"
+        ),
     ] = None,
 ) -> RecommendationPublic:
     """A setting is better than its baseline only when its peak and activations are lower by

@@ -23,6 +23,8 @@ __all__ = [
     "Metric",
     "SeriesPoint",
     "SeriesPublic",
+    "EventPublic",
+    "EventsPublic",
 ]
 
 Metric = Literal[SERIES_METRICS]  # type: ignore[valid-type]
@@ -233,3 +235,63 @@ class SeriesPublic(BaseModel):
     y: list[float] = Field(description="the metric at each step (ms or bytes; loss unitless)")
     min: SeriesPoint | None = Field(description="global minimum of the full series (null when empty)")
     max: SeriesPoint | None = Field(description="global maximum of the full series (null when empty)")
+
+
+class EventPublic(BaseModel):
+    """One recorded status change (``experiment_events``)."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+    at: datetime = Field(description="when (UTC; the database's clock on PostgreSQL)")
+    status: Status = Field(description="the status the experiment moved to")
+    attempt: int = Field(description="the attempt it belongs to (0 before the first claim)")
+    worker_id: str | None = Field(description="the worker that claimed, finished or lost it")
+    reason: str | None = Field(description="why, in words")
+
+
+class EventsPublic(BaseModel):
+    """Every status change of an experiment, oldest first."""
+
+    model_config = examples(
+        {
+            "data": [
+                {
+                    "at": "2026-01-01T12:00:00Z",
+                    "status": Status.QUEUED,
+                    "attempt": 0,
+                    "worker_id": None,
+                    "reason": "submitted",
+                },
+                {
+                    "at": "2026-01-01T12:00:01Z",
+                    "status": Status.RUNNING,
+                    "attempt": 1,
+                    "worker_id": "a:1",
+                    "reason": "claimed",
+                },
+                {
+                    "at": "2026-01-01T12:01:02Z",
+                    "status": Status.QUEUED,
+                    "attempt": 1,
+                    "worker_id": "a:1",
+                    "reason": "worker a:1 lost (no heartbeat for 60 s); requeued",
+                },
+                {
+                    "at": "2026-01-01T12:01:03Z",
+                    "status": Status.RUNNING,
+                    "attempt": 2,
+                    "worker_id": "b:7",
+                    "reason": "claimed",
+                },
+                {
+                    "at": "2026-01-01T12:01:09Z",
+                    "status": Status.SUCCEEDED,
+                    "attempt": 2,
+                    "worker_id": "b:7",
+                    "reason": None,
+                },
+            ]
+        }
+    )
+
+    data: list[EventPublic]

@@ -5,6 +5,8 @@ Tables (after MLflow's metric storage: one row per experiment, attempt and step)
 - ``experiments``: the spec (JSON), lifecycle ``status`` (:class:`ckptlab.domain.Status`,
   held to its values by a CHECK constraint), timestamps
   (UTC), the worker that holds it, the summary (JSON) and the error text.
+- ``experiment_events``: every status change of an experiment (after procrastinate's
+  ``procrastinate_events``): when, to which status, in which attempt, on which worker, why.
 - ``steps``: per-step timings in ms and memory in bytes. Non-finite losses are stored
   explicitly: ``loss`` is NULL and ``loss_nonfinite`` says ``nan``, ``inf`` or ``-inf``.
 """
@@ -33,7 +35,7 @@ from sqlalchemy.types import TypeDecorator
 
 from ckptlab.domain import Status
 
-__all__ = ["Base", "Experiment", "Step", "Sweep", "Worker", "utcnow"]
+__all__ = ["Base", "Experiment", "ExperimentEvent", "Step", "Sweep", "Worker", "utcnow"]
 
 
 def utcnow() -> datetime:
@@ -93,6 +95,32 @@ class Experiment(Base):
     steps: Mapped[list[Step]] = relationship(
         back_populates="experiment", cascade="all, delete-orphan", order_by="Step.step"
     )
+
+
+class ExperimentEvent(Base):
+    """One status change of an experiment, written by :mod:`ckptlab.db.queue` in the same
+    transaction as the change (after procrastinate's ``procrastinate_events``), so that what
+    happened to a run is recorded, not inferred: which worker lost attempt 1, when, and why.
+    """
+
+    __tablename__ = "experiment_events"
+    __table_args__ = (
+        CheckConstraint(
+            "status IN (" + ", ".join(f"'{s.value}'" for s in Status) + ")", name="ck_experiment_events_status"
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    experiment_id: Mapped[int] = mapped_column(ForeignKey("experiments.id", ondelete="CASCADE"), index=True)
+    at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    #: The status the experiment moved to.
+    status: Mapped[str] = mapped_column(String(16))
+    #: The attempt the change belongs to (0 before the first claim).
+    attempt: Mapped[int] = mapped_column(Integer)
+    #: The worker that claimed, finished or lost the attempt (None when none did).
+    worker_id: Mapped[str | None] = mapped_column(String(128))
+    #: Why, in words (the error's first line, "worker lost: no heartbeat for 60 s", ...).
+    reason: Mapped[str | None] = mapped_column(Text)
 
 
 class Sweep(Base):

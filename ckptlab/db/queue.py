@@ -15,6 +15,9 @@ of the claim SQL.
   the outcome of a later attempt.
 - :func:`request_cancel` and :func:`cancel_sweep` are the user's side of the protocol.
 
+Every status change is recorded in ``experiment_events`` in the same transaction
+(:func:`ckptlab.db.events.record_events`: when, to what, which attempt and worker, why).
+
 All functions take keyword-only arguments and a SQLAlchemy ``Session`` and commit, so that
 other processes see the change at once.
 """
@@ -30,6 +33,7 @@ from sqlalchemy import and_, exists, select, update
 from sqlalchemy.orm import Session
 
 from ckptlab.db.database import db_now, is_postgresql
+from ckptlab.db.events import first_line, record_events
 from ckptlab.db.models import Experiment, Sweep, Worker
 from ckptlab.domain import FINISHED_STATUSES, Status
 
@@ -73,13 +77,15 @@ def claim_next(session: Session, *, worker_id: str) -> Experiment | None:
             finished_at=None,
             attempt=Experiment.attempt + 1,
         )
-        .returning(Experiment.id)
+        .returning(Experiment.id, Experiment.attempt)
     )
-    claimed = session.execute(stmt).scalar_one_or_none()
-    session.commit()
-    if claimed is None:
+    row = session.execute(stmt).first()
+    if row is None:
+        session.commit()
         return None
-    return session.get(Experiment, claimed, populate_existing=True)
+    record_events(session, [(row[0], row[1], worker_id)], status=Status.RUNNING, reason="claimed")
+    session.commit()
+    return session.get(Experiment, row[0], populate_existing=True)
 
 
 def finish_experiment(
@@ -126,23 +132,32 @@ def finish_experiment(
         values["warnings"] = list(warnings)
     if snapshot_path is not None:
         values["snapshot_path"] = snapshot_path
-    done = session.execute(stmt.values(**values)).rowcount
+    done = session.execute(
+        stmt.values(**values).returning(Experiment.id, Experiment.attempt, Experiment.worker_id)
+    ).all()
+    record_events(session, [tuple(r) for r in done], status=status, reason=first_line(error))
     session.commit()
     return bool(done)
 
 
-def requeue_experiment(session: Session, *, experiment_id: int, attempt: int) -> bool:
+def requeue_experiment(
+    session: Session, *, experiment_id: int, attempt: int, reason: str = "its worker shut down before it finished"
+) -> bool:
     """Put a running experiment back in the queue; returns whether it was requeued.
 
     Its ``attempt`` is kept (the next claim raises it) and the steps of this attempt stay
     stored. Used when a worker shuts down before the experiment finished. Only changes the
-    experiment while it is ``running`` in ``attempt``.
+    experiment while it is ``running`` in ``attempt``. The event names the worker that
+    held it and ``reason``.
     """
+    held = session.execute(select(Experiment.worker_id).where(Experiment.id == experiment_id)).scalar()
     done = session.execute(
         update(Experiment)
         .where(Experiment.id == experiment_id, Experiment.status == Status.RUNNING, Experiment.attempt == attempt)
         .values(status=Status.QUEUED, worker_id=None, started_at=None)
     ).rowcount
+    if done:
+        record_events(session, [(experiment_id, attempt, held)], status=Status.QUEUED, reason=reason)
     session.commit()
     return bool(done)
 
@@ -173,8 +188,10 @@ def request_cancel(session: Session, *, experiment_id: int) -> Experiment | None
         update(Experiment)
         .where(Experiment.id == experiment_id, Experiment.status == Status.QUEUED)
         .values(status=Status.CANCELLED, cancel_requested=True, finished_at=now, error="cancelled before it started")
-        .returning(Experiment.id)
+        .returning(Experiment.id, Experiment.attempt, Experiment.worker_id)
     ).first()
+    if cancelled is not None:
+        record_events(session, [tuple(cancelled)], status=Status.CANCELLED, reason="cancelled before it started")
     flagged = None
     if cancelled is None:
         flagged = session.execute(
@@ -214,14 +231,17 @@ def cancel_sweep(session: Session, *, sweep_id: int) -> int | None:
             finished_at=db_now(session),
             error="cancelled before it started",
         )
-    ).rowcount
+        .returning(Experiment.id, Experiment.attempt, Experiment.worker_id)
+    ).all()
+    reason = "cancelled with its sweep before it started"
+    record_events(session, [tuple(r) for r in queued], status=Status.CANCELLED, reason=reason)
     running = session.execute(
         update(Experiment)
         .where(Experiment.sweep_id == sweep_id, Experiment.status == Status.RUNNING)
         .values(cancel_requested=True)
     ).rowcount
     session.commit()
-    return queued + running
+    return len(queued) + running
 
 
 @dataclass(frozen=True)
@@ -295,24 +315,45 @@ def reap_lost(session: Session, *, lease_s: float, max_attempts: int) -> int:
         Worker.id == Experiment.worker_id, Worker.stopped_at.is_(None), Worker.heartbeat_at >= cutoff
     )
     lost = and_(Experiment.status == Status.RUNNING, Experiment.started_at < cutoff, ~exists(alive))
-    candidates = select(Experiment.id).where(lost).order_by(Experiment.id)
+    candidates = select(Experiment.id, Experiment.worker_id).where(lost).order_by(Experiment.id)
     if is_postgresql(session):
         candidates = candidates.with_for_update(skip_locked=True, of=Experiment)
-    ids = list(session.scalars(candidates))
+    holders = dict(session.execute(candidates).all())
+    ids = list(holders)
     if not ids:
         session.rollback()
         return 0
     chosen = update(Experiment).where(Experiment.id.in_(ids), lost)
-    changed = session.execute(
-        chosen.where(Experiment.cancel_requested.is_(True)).values(
-            status=Status.CANCELLED, finished_at=now, error="cancelled; its worker was lost"
-        )
-    ).rowcount
-    changed += session.execute(
-        chosen.where(Experiment.attempt >= max_attempts).values(
-            status=Status.FAILED, finished_at=now, error=WORKER_LOST
-        )
-    ).rowcount
-    changed += session.execute(chosen.values(status=Status.QUEUED, worker_id=None, started_at=None)).rowcount
+    ret = (Experiment.id, Experiment.attempt)
+
+    def lost_by(rows, status: Status, what: str) -> int:
+        for eid, attempt in rows:
+            silent = f"worker {holders.get(eid)} lost (no heartbeat for {lease_s:g} s)"
+            record_events(session, [(eid, attempt, holders.get(eid))], status=status, reason=f"{silent}; {what}")
+        return len(rows)
+
+    changed = lost_by(
+        session.execute(
+            chosen.where(Experiment.cancel_requested.is_(True))
+            .values(status=Status.CANCELLED, finished_at=now, error="cancelled; its worker was lost")
+            .returning(*ret)
+        ).all(),
+        Status.CANCELLED,
+        "cancelled, as asked",
+    )
+    changed += lost_by(
+        session.execute(
+            chosen.where(Experiment.attempt >= max_attempts)
+            .values(status=Status.FAILED, finished_at=now, error=WORKER_LOST)
+            .returning(*ret)
+        ).all(),
+        Status.FAILED,
+        f"failed after {max_attempts} attempts",
+    )
+    changed += lost_by(
+        session.execute(chosen.values(status=Status.QUEUED, worker_id=None, started_at=None).returning(*ret)).all(),
+        Status.QUEUED,
+        "requeued",
+    )
     session.commit()
     return changed

@@ -17,6 +17,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, selectinload
 
 from ckptlab.db.database import is_postgresql
+from ckptlab.db.events import record_events
 from ckptlab.db.models import Experiment, Step, Sweep, utcnow
 from ckptlab.db.queue import WORKER_LOST
 from ckptlab.domain import STEP_FIELDS, Status
@@ -40,7 +41,9 @@ __all__ = [
 def create_experiment(
     session: Session, *, spec: ExperimentSpec, status: Status = Status.QUEUED, worker_id: str | None = None
 ) -> Experiment:
-    """Store a validated spec as a new experiment (``queued`` unless told otherwise)."""
+    """Store a validated spec as a new experiment (``queued`` unless told otherwise: ``ckptlab
+    run`` and ``ckptlab.profile`` store theirs ``running`` under their own worker id), with
+    its first event."""
     now = utcnow()
     exp = Experiment(
         spec=spec.model_dump(mode="json"),
@@ -53,6 +56,9 @@ def create_experiment(
         worker_id=worker_id,
     )
     session.add(exp)
+    session.flush()
+    reason = "submitted" if status == Status.QUEUED else "started in the caller's process"
+    record_events(session, [(exp.id, exp.attempt, worker_id)], status=status, reason=reason, at=now)
     session.commit()
     return exp
 
@@ -217,6 +223,9 @@ def create_sweep(
         for run in plan.runs
     ]
     session.add(sweep)
+    session.flush()
+    rows = [(e.id, 0, None) for e in sweep.experiments]
+    record_events(session, rows, status=Status.QUEUED, reason=f"submitted with sweep {sweep.id}", at=now)
     session.commit()
     return sweep
 

@@ -77,3 +77,9 @@ def test_each_architecture_has_a_small_example_the_form_can_start_from(architect
     example = HF_ARCHITECTURES[architecture].public()["example"]
     spec = ExperimentSpec.model_validate({"model": {"kind": "hf", "architecture": architecture, **example}})
     assert 10_000 < estimate_param_count(spec) < 5_000_000  # seconds per step on a laptop CPU
+
+
+@pytest.mark.parametrize("architecture", [{}, [], None, 3])
+def test_an_architecture_of_another_type_is_an_error_naming_it(architecture):
+    with pytest.raises(ValueError, match="architecture"):
+        ExperimentSpec.model_validate({"model": {"kind": "hf", "architecture": architecture}})

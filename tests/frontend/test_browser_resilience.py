@@ -160,3 +160,41 @@ def test_a_live_stream_resumes_after_a_backend_restart_with_no_step_missed_or_re
     finally:
         _stop(backend)
         _stop(worker)
+
+
+def test_a_requeued_experiments_page_shows_the_lost_attempt_and_the_one_that_succeeded(
+    app: App, page: Page, page_errors: list[str]
+) -> None:
+    import time
+
+    from ckptlab.db import queue, store
+    from ckptlab.db.database import make_engine, make_sessionmaker
+    from ckptlab.settings import Settings
+    from tests.factories import make_spec
+
+    # Attempt 1 held by a worker that never heartbeats (as after kill -9), reaped; the app's
+    # own worker then claims attempt 2 and runs it.
+    engine = make_engine(Settings(data_dir=app.data_dir).resolved_database_url)
+    try:
+        with make_sessionmaker(engine)() as s:
+            exp = store.create_experiment(s, spec=make_spec(steps=3), status="running", worker_id="gone-host:4242")
+            time.sleep(1.1)
+            assert queue.reap_lost(s, lease_s=1, max_attempts=3) == 1
+    finally:
+        engine.dispose()
+    page.goto(f"{app.url}/#/experiments/{exp.id}")
+    expect(page.locator("#exp-status")).to_have_text("succeeded", timeout=RUN_TIMEOUT_MS)
+    history = page.locator("#exp-history li")
+    expect(history.last).to_contain_text("succeeded")
+    expect(history.last).to_have_attribute("data-attempt", "2")
+    lost = page.locator("#exp-history li[data-attempt='1'][data-status='queued']")
+    expect(lost).to_contain_text("gone-host:4242")
+    expect(lost).to_contain_text("worker gone-host:4242 lost (no heartbeat for 1 s); requeued")
+    code, body = _get_json(f"{app.url}/api/experiments/{exp.id}/events/history")
+    assert code == 200 and [(e["status"], e["attempt"]) for e in body["data"]] == [
+        ("running", 1),
+        ("queued", 1),
+        ("running", 2),
+        ("succeeded", 2),
+    ]
+    assert not page_errors, page_errors

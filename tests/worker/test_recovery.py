@@ -24,7 +24,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 from sqlalchemy.exc import OperationalError
 
-from ckptlab.db import queue, store
+from ckptlab.db import events, queue, store
 from ckptlab.db.database import make_engine, make_sessionmaker
 from ckptlab.db.models import Experiment, Step, Worker
 from ckptlab.domain import FINISHED_STATUSES
@@ -148,6 +148,17 @@ def test_killed_worker_experiment_is_requeued_and_completed_by_another(db, spawn
     assert [(a.attempt, a.lost, a.current) for a in attempts] == [(1, True, False), (2, False, True)]
     assert 5 <= attempts[0].steps < 200  # the lost attempt's steps are kept, under attempt 1
     assert _steps(db, exp_id) == list(range(1, 201))  # the series shown is attempt 2's alone
+    # What happened is recorded, not inferred: who lost attempt 1, when and why.
+    with db() as s:
+        history = [(e.status, e.attempt, e.worker_id, e.reason) for e in events.history(s, experiment_id=exp_id)]
+    lost = f"worker {_worker_id(a)} lost (no heartbeat for {LEASE_S:g} s); requeued"
+    assert history == [
+        ("queued", 0, None, "submitted"),
+        ("running", 1, _worker_id(a), "claimed"),
+        ("queued", 1, _worker_id(a), lost),
+        ("running", 2, _worker_id(b), "claimed"),
+        ("succeeded", 2, _worker_id(b), None),
+    ]
 
 
 @pytest.mark.slow
