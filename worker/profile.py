@@ -6,22 +6,32 @@ appears in the dashboard beside the others. The stored spec names the model by i
 (``{"kind": "python", "target": "module:ClassName", "depth": blocks}``); nothing is
 imported by that name: the model is handed to the engine through
 :func:`worker.models.in_hand_model`.
+
+The run is held by this process's in-process worker (``profile:host:pid``,
+:func:`worker.heartbeat.in_process_owner`), which heartbeats while it runs: a dashboard's
+reaper leaves it alone however long it takes, and fails it (never requeues it to a worker,
+which could not build the model) once the process is gone.
 """
 
 from __future__ import annotations
 
 import copy
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from sqlalchemy.orm import Session, sessionmaker
 from torch import nn
 
+from ckptlab.db.queue import finish_experiment
 from ckptlab.domain import Status
 from ckptlab.spec import ExperimentSpec
 from worker.models import Built, in_hand_model
 
 __all__ = ["profile", "find_blocks"]
+
+log = logging.getLogger("ckptlab.profile")
 
 
 def find_blocks(model: nn.Module) -> str:
@@ -91,18 +101,26 @@ def profile(
         database_url: where to store the run. Default: the ckptlab settings' database
             (``CKPTLAB_DATABASE_URL``, else SQLite under ``CKPTLAB_DATA_DIR``).
 
+    While the run goes on, this process heartbeats for it every ``lease_s / 3`` seconds
+    (``CKPTLAB_LEASE_S``, default 60) as worker ``profile:host:pid``, so reapers leave it
+    alone; if the process dies, a reaper fails it after the lease with
+    :data:`ckptlab.db.queue.IN_PROCESS_LOST`. An exception that ends the run here
+    (``KeyboardInterrupt`` included) is recorded (``cancelled`` for ``KeyboardInterrupt``,
+    else ``failed``) and raised again.
+
     Returns:
-        The summary (as ``GET /api/experiments/{id}`` shows it) with ``experiment_id``
-        and ``status`` added.
+        The summary (as ``GET /api/experiments/{id}`` shows it) with ``experiment_id``,
+        ``status`` and ``error`` added.
 
     Raises:
         ValueError: no blocks found or given, or the spec these arguments make is
             invalid (pydantic's ``ValidationError`` is a ``ValueError``).
+        sqlalchemy.exc.OperationalError: the database cannot be reached or migrated.
     """
     from ckptlab.db.database import make_engine, make_sessionmaker, migrate
     from ckptlab.db.store import create_experiment, get_experiment
     from ckptlab.settings import get_settings
-    from worker.devices import default_worker_id
+    from worker.heartbeat import in_process_owner
     from worker.models import default_loss
     from worker.service import execute_experiment
 
@@ -131,17 +149,36 @@ def profile(
             "checkpoint": {"strategy": strategy, **checkpoint},
         }
     )
-    url = database_url or get_settings().resolved_database_url
+    settings = get_settings()
+    url = database_url or settings.resolved_database_url
     engine = make_engine(url)
     try:
         migrate(engine)
         Session = make_sessionmaker(engine)
-        with Session() as session:
-            exp = create_experiment(session, spec=spec, status=Status.RUNNING, worker_id=default_worker_id())
-        with in_hand_model(target, build):
-            execute_experiment(url, exp.id, exp.attempt, heartbeat=False)
+        with in_process_owner(url, settings) as worker_id:
+            with Session() as session:
+                exp = create_experiment(session, spec=spec, status=Status.RUNNING, worker_id=worker_id)
+            try:
+                with in_hand_model(target, build):
+                    execute_experiment(url, exp.id, exp.attempt, heartbeat=False)  # ours beats
+            except BaseException as exc:  # KeyboardInterrupt included: record it, then raise
+                _record_interrupted(Session, exp.id, exp.attempt, exc)
+                raise
         with Session() as session:
             exp = get_experiment(session, experiment_id=exp.id)
         return {**(exp.summary or {}), "experiment_id": exp.id, "status": exp.status, "error": exp.error}
     finally:
         engine.dispose()
+
+
+def _record_interrupted(Session: sessionmaker[Session], experiment_id: int, attempt: int, exc: BaseException) -> None:
+    """Record a run that an exception ended in this process (``cancelled`` for Ctrl-C, else
+    ``failed``) rather than leave it ``running`` for a reaper; best effort."""
+    status = Status.CANCELLED if isinstance(exc, KeyboardInterrupt) else Status.FAILED
+    why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    error = f"interrupted in the process running ckptlab.profile ({why})"
+    try:
+        with Session() as session:
+            finish_experiment(session, experiment_id=experiment_id, attempt=attempt, status=status, error=error)
+    except Exception:  # noqa: BLE001 - the reaper fails it once our heartbeat has stopped
+        log.warning("could not record experiment %s as %s", experiment_id, status, exc_info=True)
