@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import copy
 import logging
+import warnings
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
+from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 from torch import nn
 
@@ -98,8 +101,11 @@ def profile(
         loss_fn: ``(output, targets) -> scalar``. Default: with targets, the engine's
             default loss (cross-entropy for integer targets, else MSE); without, the mean
             of the squared output.
-        database_url: where to store the run. Default: the ckptlab settings' database
-            (``CKPTLAB_DATABASE_URL``, else SQLite under ``CKPTLAB_DATA_DIR``).
+        database_url: where to store the run. Default: the dashboard's database as the
+            ckptlab settings name it (``CKPTLAB_DATABASE_URL``, else
+            ``<CKPTLAB_DATA_DIR>/ckptlab.db``, ``./data/ckptlab.db`` by default: the file
+            ``ckptlab up`` uses when started in the current folder). A SQLite file that does
+            not exist yet is created with a ``UserWarning`` naming it.
 
     While the run goes on, this process heartbeats for it every ``lease_s / 3`` seconds
     (``CKPTLAB_LEASE_S``, default 60) as worker ``profile:host:pid``, so reapers leave it
@@ -110,7 +116,8 @@ def profile(
 
     Returns:
         The summary (as ``GET /api/experiments/{id}`` shows it) with ``experiment_id``,
-        ``status`` and ``error`` added.
+        ``status``, ``error`` and ``database_url`` (where the run is stored, without its
+        password) added.
 
     Raises:
         ValueError: no blocks found or given, or the spec these arguments make is
@@ -151,6 +158,7 @@ def profile(
     )
     settings = get_settings()
     url = database_url or settings.resolved_database_url
+    _warn_if_new(url)
     engine = make_engine(url)
     try:
         migrate(engine)
@@ -166,9 +174,30 @@ def profile(
                 raise
         with Session() as session:
             exp = get_experiment(session, experiment_id=exp.id)
-        return {**(exp.summary or {}), "experiment_id": exp.id, "status": exp.status, "error": exp.error}
+        return {
+            **(exp.summary or {}),
+            "experiment_id": exp.id,
+            "status": exp.status,
+            "error": exp.error,
+            "database_url": make_url(url).render_as_string(hide_password=True),
+        }
     finally:
         engine.dispose()
+
+
+def _warn_if_new(url: str) -> None:
+    """Warn (``UserWarning``) when ``url`` is a SQLite file that does not exist yet: the
+    run would land where no dashboard looks, unless one is started on it."""
+    parsed = make_url(url)
+    path = parsed.database
+    if parsed.get_backend_name() != "sqlite" or not path or path == ":memory:" or Path(path).exists():
+        return
+    warnings.warn(
+        f"ckptlab.profile is creating a new database {Path(path).resolve()}; a dashboard shows this run only "
+        "if it uses the same database (`ckptlab up` reads CKPTLAB_DATABASE_URL, else data/ckptlab.db under "
+        "CKPTLAB_DATA_DIR, default the folder it starts in): set CKPTLAB_DATABASE_URL or pass database_url=",
+        stacklevel=3,
+    )
 
 
 def _record_interrupted(Session: sessionmaker[Session], experiment_id: int, attempt: int, exc: BaseException) -> None:

@@ -4,6 +4,7 @@ the dashboard shows it."""
 from __future__ import annotations
 
 import time
+import warnings
 from contextlib import contextmanager
 
 import pytest
@@ -83,11 +84,11 @@ def fresh_settings(monkeypatch):
     get_settings.cache_clear()
 
 
-def test_profile_runs_a_model_in_hand_and_the_dashboard_lists_it(tmp_path):
+def test_profile_runs_a_model_in_hand_and_the_dashboard_lists_it(database_url, data_dir):
     torch.manual_seed(0)
     model = _Net()
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    url = f"sqlite:///{tmp_path / 'ckptlab.db'}"
+    url = database_url
     x, y = torch.randn(16, 8), torch.randint(0, 3, (16,))
     summary = ckptlab.profile(model, (x, y), strategy="per_block", steps=3, timed_steps=2, database_url=url)
     assert summary["status"] == "succeeded", summary["error"]
@@ -97,15 +98,16 @@ def test_profile_runs_a_model_in_hand_and_the_dashboard_lists_it(tmp_path):
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert all(isinstance(m, _Block) for m in model.layers)
 
-    with TestClient(create_app(Settings(database_url=url, data_dir=tmp_path))) as client:
+    assert summary["database_url"] == url
+    with TestClient(create_app(Settings(database_url=url, data_dir=data_dir))) as client:
         listed = client.get("/api/experiments").json()["data"]
     (row,) = [e for e in listed if e["id"] == summary["experiment_id"]]
     assert row["spec"]["model"] == {"kind": "python", "target": f"{__name__}:_Net", "depth": 4, "kwargs": {}}
     assert row["status"] == "succeeded"
 
 
-def test_profile_without_targets_and_with_blocks_named(tmp_path):
-    url = f"sqlite:///{tmp_path / 'ckptlab.db'}"
+def test_profile_without_targets_and_with_blocks_named(database_url):
+    url = database_url
     summary = ckptlab.profile(
         _Net(depth=6),
         torch.randn(4, 8),
@@ -125,6 +127,27 @@ def test_blocks_are_the_longest_container_of_same_type_children():
     assert find_blocks(_Net(depth=5)) == "layers"
     with pytest.raises(ValueError, match="pass blocks="):
         find_blocks(nn.Linear(2, 2))
+
+
+def test_profile_stores_in_the_dashboards_database_and_warns_when_it_creates_one(fresh_settings, tmp_path):
+    fresh_settings.delenv("CKPTLAB_DATABASE_URL", raising=False)
+    fresh_settings.setenv("CKPTLAB_DATA_DIR", str(tmp_path / "dash"))
+    expected = f"sqlite:///{(tmp_path / 'dash' / 'ckptlab.db').resolve()}"  # what `ckptlab up` opens
+    assert Settings().resolved_database_url == expected
+    run = {"steps": 2, "timed_steps": 0, "verify_gradients": False}
+    with pytest.warns(UserWarning, match="creating a new database .*dash/ckptlab.db.*CKPTLAB_DATABASE_URL"):
+        first = ckptlab.profile(_Net(depth=2), torch.randn(2, 8), **run)
+    assert (first["status"], first["database_url"]) == ("succeeded", expected)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the database exists now: nothing to say
+        second = ckptlab.profile(_Net(depth=2), torch.randn(2, 8), **run)
+    assert second["database_url"] == expected and second["experiment_id"] == first["experiment_id"] + 1
+
+    other = f"sqlite:///{tmp_path / 'elsewhere.db'}"
+    fresh_settings.setenv("CKPTLAB_DATABASE_URL", other)
+    get_settings.cache_clear()
+    with pytest.warns(UserWarning, match="elsewhere.db"):
+        assert ckptlab.profile(_Net(depth=2), torch.randn(2, 8), **run)["database_url"] == other
 
 
 def test_a_long_profile_run_beside_a_dashboard_worker_is_never_taken_over(fresh_settings, database_url, data_dir):
