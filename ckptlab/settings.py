@@ -38,7 +38,8 @@ class Settings(BaseSettings):
         default_timeout_s: kill an experiment whose spec sets no ``timeout_s`` after this many
             seconds and record it ``timed_out`` (``CKPTLAB_DEFAULT_TIMEOUT_S``, default 3600).
         lease_s: a running experiment whose worker has not committed a heartbeat for this
-            many seconds is requeued by the reaper (``CKPTLAB_LEASE_S``, default 60). Workers
+            many seconds is requeued by the reaper (an in-process ``ckptlab.profile`` run is
+            failed instead; ``CKPTLAB_LEASE_S``, default 60). Workers
             heartbeat every ``lease_s / 3`` seconds and retry a failed heartbeat until shortly
             before the lease runs out, so a database stall (a lock, a restart) shorter than
             ``lease_s - lease_s / 3`` loses no work; keep it well above the SQLite busy

@@ -1,20 +1,27 @@
-"""A worker's registration and heartbeat (a watched side task)."""
+"""A worker's registration and heartbeat (a watched side task), and the shared one of a
+process that runs its own experiments (:func:`in_process_owner`, for ``ckptlab.profile``)."""
 
 from __future__ import annotations
 
 import logging
 import os
 import socket
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 
+from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from ckptlab.db import queue
+from ckptlab.db.database import make_engine, make_sessionmaker
 from ckptlab.db.retry import with_retry
+from ckptlab.settings import Settings
 from ckptlab.side_tasks import SideTask
 
-__all__ = ["Heartbeat"]
+__all__ = ["Heartbeat", "in_process_owner", "in_process_worker_id"]
 
 log = logging.getLogger("ckptlab.worker")
 
@@ -114,3 +121,69 @@ class Heartbeat:
             with_retry(self._Session, lambda s: queue.stop_worker(s, worker_id=self.worker_id), deadline_s=5)
         except Exception:  # noqa: BLE001 - the lease runs out by itself
             log.warning("could not mark worker %s stopped", self.worker_id, exc_info=True)
+
+
+def in_process_worker_id() -> str:
+    """``profile:host:pid``: the worker id of this process's own runs
+    (:data:`ckptlab.db.queue.IN_PROCESS_PREFIX`; reapers fail such a run once it is lost
+    instead of requeueing it)."""
+    return f"{queue.IN_PROCESS_PREFIX}{socket.gethostname()}:{os.getpid()}"
+
+
+@dataclass
+class _Held:
+    """An in-process worker that holds runs now: its heartbeat, the heartbeat's engine and
+    how many runs use it."""
+
+    beat: Heartbeat
+    engine: Engine
+    runs: int = 0
+
+
+#: The in-process workers that hold runs now, by (database URL, pid).
+_held: dict[tuple[str, int], _Held] = {}
+_held_lock = threading.Lock()
+
+
+@contextmanager
+def in_process_owner(database_url: str, settings: Settings) -> Iterator[str]:
+    """Hold this process's in-process worker on ``database_url`` while a run of its own
+    goes on; yields its id (:func:`in_process_worker_id`) for the run's ``worker_id``.
+
+    The first holder registers the worker and starts a :class:`Heartbeat` every
+    ``settings.heartbeat_interval_s`` seconds, for ``settings.lease_s``; concurrent holders
+    (threads) share it, and the last one to leave stops it and marks the worker stopped,
+    so no run still going is left with a stopped worker. A run whose process dies stops
+    heartbeating: reapers fail it after the lease (:func:`ckptlab.db.queue.reap_lost`).
+
+    Raises:
+        sqlalchemy.exc.OperationalError: the registration failed for longer than its retry
+            deadline.
+    """
+    key = (database_url, os.getpid())  # a forked child has no heartbeat thread: its own
+    with _held_lock:
+        held = _held.get(key)
+        if held is None:
+            engine = make_engine(database_url)
+            try:
+                beat = Heartbeat(
+                    make_sessionmaker(engine),
+                    worker_id=in_process_worker_id(),
+                    devices=[],
+                    interval_s=settings.heartbeat_interval_s,
+                    lease_s=settings.lease_s,
+                )
+            except BaseException:
+                engine.dispose()
+                raise
+            held = _held[key] = _Held(beat, engine)
+        held.runs += 1
+    try:
+        yield held.beat.worker_id
+    finally:
+        with _held_lock:
+            held.runs -= 1
+            if held.runs == 0:
+                del _held[key]
+                held.beat.stop()
+                held.engine.dispose()

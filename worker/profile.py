@@ -6,22 +6,35 @@ appears in the dashboard beside the others. The stored spec names the model by i
 (``{"kind": "python", "target": "module:ClassName", "depth": blocks}``); nothing is
 imported by that name: the model is handed to the engine through
 :func:`worker.models.in_hand_model`.
+
+The run is held by this process's in-process worker (``profile:host:pid``,
+:func:`worker.heartbeat.in_process_owner`), which heartbeats while it runs: a dashboard's
+reaper leaves it alone however long it takes, and fails it (never requeues it to a worker,
+which could not build the model) once the process is gone.
 """
 
 from __future__ import annotations
 
+import logging
+import warnings
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session, sessionmaker
 from torch import nn
 
+from ckptlab.db.queue import finish_experiment
 from ckptlab.domain import Status
 from ckptlab.spec import ExperimentSpec
 from worker.models import in_hand_model
 from worker.profile_model import find_blocks, prepare_model
 
 __all__ = ["profile", "find_blocks"]
+
+log = logging.getLogger("ckptlab.profile")
 
 
 def profile(
@@ -62,24 +75,36 @@ def profile(
             targets, the engine's default loss on the output (or its ``logits``:
             cross-entropy for integer targets, else MSE); else the mean of the squared
             output.
-        database_url: where to store the run. Default: the ckptlab settings' database
-            (``CKPTLAB_DATABASE_URL``, else SQLite under ``CKPTLAB_DATA_DIR``).
+        database_url: where to store the run. Default: the dashboard's database as the
+            ckptlab settings name it (``CKPTLAB_DATABASE_URL``, else
+            ``<CKPTLAB_DATA_DIR>/ckptlab.db``, ``./data/ckptlab.db`` by default: the file
+            ``ckptlab up`` uses when started in the current folder). A SQLite file that does
+            not exist yet is created with a ``UserWarning`` naming it.
+
+    While the run goes on, this process heartbeats for it every ``lease_s / 3`` seconds
+    (``CKPTLAB_LEASE_S``, default 60) as worker ``profile:host:pid``, so reapers leave it
+    alone; if the process dies, a reaper fails it after the lease with
+    :data:`ckptlab.db.queue.IN_PROCESS_LOST`. An exception that ends the run here
+    (``KeyboardInterrupt`` included) is recorded (``cancelled`` for ``KeyboardInterrupt``,
+    else ``failed``) and raised again.
 
     Returns:
         The summary (as ``GET /api/experiments/{id}`` shows it; it names the ``model`` by
         class and parameter count and the ``blocks`` chosen) with ``experiment_id``,
-        ``status`` and ``error`` added.
+        ``status``, ``error`` and ``database_url`` (where the run is stored, without its
+        password) added.
 
     Raises:
         ValueError: before anything is stored, saying what to pass: no blocks found or
             given, blocks that are not run once each in order or do not return a tensor,
             a sample or output the loss cannot be taken from, or an invalid spec
             (pydantic's ``ValidationError`` is a ``ValueError``).
+        sqlalchemy.exc.OperationalError: the database cannot be reached or migrated.
     """
     from ckptlab.db.database import make_engine, make_sessionmaker, migrate
     from ckptlab.db.store import create_experiment, get_experiment
     from ckptlab.settings import get_settings
-    from worker.devices import default_worker_id
+    from worker.heartbeat import in_process_owner
     from worker.service import execute_experiment
 
     ready = prepare_model(model, sample, blocks=blocks, loss_fn=loss_fn)
@@ -97,21 +122,62 @@ def profile(
             "checkpoint": {"strategy": strategy, **checkpoint},
         }
     )
-    url = database_url or get_settings().resolved_database_url
+    settings = get_settings()
+    url = database_url or settings.resolved_database_url
+    _warn_if_new(url)
     engine = make_engine(url)
     try:
         migrate(engine)
         Session = make_sessionmaker(engine)
-        with Session() as session:
-            exp = create_experiment(session, spec=spec, status=Status.RUNNING, worker_id=default_worker_id())
-        with in_hand_model(target, ready.build):
-            execute_experiment(url, exp.id, exp.attempt, heartbeat=False)
+        with in_process_owner(url, settings) as worker_id:
+            with Session() as session:
+                exp = create_experiment(session, spec=spec, status=Status.RUNNING, worker_id=worker_id)
+            try:
+                with in_hand_model(target, ready.build):
+                    execute_experiment(url, exp.id, exp.attempt, heartbeat=False)  # ours beats
+            except BaseException as exc:  # KeyboardInterrupt included: record it, then raise
+                _record_interrupted(Session, exp.id, exp.attempt, exc)
+                raise
         _name_the_run(Session, exp.id, model=ready.model, blocks=ready.blocks)
         with Session() as session:
             exp = get_experiment(session, experiment_id=exp.id)
-        return {**(exp.summary or {}), "experiment_id": exp.id, "status": exp.status, "error": exp.error}
+        return {
+            **(exp.summary or {}),
+            "experiment_id": exp.id,
+            "status": exp.status,
+            "error": exp.error,
+            "database_url": make_url(url).render_as_string(hide_password=True),
+        }
     finally:
         engine.dispose()
+
+
+def _warn_if_new(url: str) -> None:
+    """Warn (``UserWarning``) when ``url`` is a SQLite file that does not exist yet: the
+    run would land where no dashboard looks, unless one is started on it."""
+    parsed = make_url(url)
+    path = parsed.database
+    if parsed.get_backend_name() != "sqlite" or not path or path == ":memory:" or Path(path).exists():
+        return
+    warnings.warn(
+        f"ckptlab.profile is creating a new database {Path(path).resolve()}; a dashboard shows this run only "
+        "if it uses the same database (`ckptlab up` reads CKPTLAB_DATABASE_URL, else data/ckptlab.db under "
+        "CKPTLAB_DATA_DIR, default the folder it starts in): set CKPTLAB_DATABASE_URL or pass database_url=",
+        stacklevel=3,
+    )
+
+
+def _record_interrupted(Session: sessionmaker[Session], experiment_id: int, attempt: int, exc: BaseException) -> None:
+    """Record a run that an exception ended in this process (``cancelled`` for Ctrl-C, else
+    ``failed``) rather than leave it ``running`` for a reaper; best effort."""
+    status = Status.CANCELLED if isinstance(exc, KeyboardInterrupt) else Status.FAILED
+    why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    error = f"interrupted in the process running ckptlab.profile ({why})"
+    try:
+        with Session() as session:
+            finish_experiment(session, experiment_id=experiment_id, attempt=attempt, status=status, error=error)
+    except Exception:  # noqa: BLE001 - the reaper fails it once our heartbeat has stopped
+        log.warning("could not record experiment %s as %s", experiment_id, status, exc_info=True)
 
 
 def _name_the_run(Session, experiment_id: int, **names: str) -> None:

@@ -8,8 +8,9 @@ of the claim SQL.
   ``attempt``; steps are stored per attempt.
 - Workers :func:`register_worker` and :func:`heartbeat_worker`; :func:`reap_lost` requeues a
   running experiment whose worker fell silent for longer than the lease (or fails it with
-  "worker lost" after the maximum attempts). Times come from the database's clock on
-  PostgreSQL, so hosts with skewed clocks agree on who is silent.
+  "worker lost" after the maximum attempts, or at once when its worker was an in-process
+  ``ckptlab.profile`` run, :data:`IN_PROCESS_PREFIX`). Times come from the database's clock
+  on PostgreSQL, so hosts with skewed clocks agree on who is silent.
 - :func:`finish_experiment` and :func:`requeue_experiment` only touch the attempt they are
   given while it is still ``running``, so a worker that lost its lease can never overwrite
   the outcome of a later attempt.
@@ -51,10 +52,20 @@ __all__ = [
     "stop_worker",
     "reap_lost",
     "WORKER_LOST",
+    "IN_PROCESS_PREFIX",
+    "IN_PROCESS_LOST",
 ]
 
 #: Error text of an experiment failed because its worker was lost ``max_attempts`` times.
 WORKER_LOST = "worker lost"
+#: Worker ids of processes that run their own experiments (``ckptlab.profile``: the model
+#: exists only in that process) start with this; no worker can take such a run over.
+IN_PROCESS_PREFIX = "profile:"
+#: Error text of an in-process run failed because its process stopped heartbeating.
+IN_PROCESS_LOST = (
+    "in-process profile run lost: the process running ckptlab.profile stopped heartbeating "
+    "(it exited or was killed); its model existed only there, so no worker can run it again"
+)
 
 
 def claim_next(session: Session, *, worker_id: str) -> Experiment | None:
@@ -298,10 +309,12 @@ def reap_lost(session: Session, *, lease_s: float, max_attempts: int) -> int:
 
     An experiment is lost when it is ``running``, was claimed more than ``lease_s`` ago, and
     its worker is not a registered, unstopped worker that heartbeated within ``lease_s``.
-    A lost experiment with ``cancel_requested`` becomes ``cancelled``; one already claimed
-    ``max_attempts`` times becomes ``failed`` with error :data:`WORKER_LOST`; any other goes
-    back to ``queued`` with its attempt kept (the next claim raises it, and the lost
-    attempt's steps stay stored under their attempt number). Safe to run from every worker
+    A lost experiment with ``cancel_requested`` becomes ``cancelled``; one held by an
+    in-process worker (id starting with :data:`IN_PROCESS_PREFIX`, a ``ckptlab.profile``
+    run) becomes ``failed`` with error :data:`IN_PROCESS_LOST`, never queued, since no worker
+    has its model; one already claimed ``max_attempts`` times becomes ``failed`` with error
+    :data:`WORKER_LOST`; any other goes back to ``queued`` with its attempt kept (the next
+    claim raises it, and the lost attempt's steps stay stored under their attempt number). Safe to run from every worker
     and the backend at once: on PostgreSQL the rows are locked ``FOR UPDATE SKIP LOCKED``,
     and every update re-checks that the experiment is still lost.
 
@@ -340,6 +353,15 @@ def reap_lost(session: Session, *, lease_s: float, max_attempts: int) -> int:
         ).all(),
         Status.CANCELLED,
         "cancelled, as asked",
+    )
+    changed += lost_by(
+        session.execute(
+            chosen.where(Experiment.worker_id.startswith(IN_PROCESS_PREFIX, autoescape=True))
+            .values(status=Status.FAILED, finished_at=now, error=IN_PROCESS_LOST)
+            .returning(*ret)
+        ).all(),
+        Status.FAILED,
+        "failed: an in-process (ckptlab.profile) run cannot be run by another worker",
     )
     changed += lost_by(
         session.execute(

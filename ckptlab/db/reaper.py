@@ -1,4 +1,5 @@
-"""The reaper (a side task): requeues experiments whose worker fell silent (see
+"""The reaper (a side task): requeues experiments whose worker fell silent, and fails the
+in-process ``ckptlab.profile`` runs whose process did (see
 :func:`ckptlab.db.queue.reap_lost`). Every worker runs one, and so does the backend, so
 that lost experiments are recovered while anything at all is running."""
 

@@ -121,6 +121,32 @@ def test_reaper_takes_experiments_of_unregistered_processes_after_a_lease(any_se
     assert queue.reap_lost(s, lease_s=30, max_attempts=3) == 1
 
 
+def test_reaper_fails_a_lost_in_process_run_instead_of_requeueing_it(any_session):
+    s = any_session
+    wid = f"{queue.IN_PROCESS_PREFIX}host:123"
+    queue.register_worker(s, worker_id=wid, host="host", pid=123, devices=["cpu"])
+    lost = store.create_experiment(s, spec=make_spec(), status="running", worker_id=wid)
+    alive_wid = f"{queue.IN_PROCESS_PREFIX}host:456"
+    queue.register_worker(s, worker_id=alive_wid, host="host", pid=456, devices=["cpu"])
+    alive = store.create_experiment(s, spec=make_spec(), status="running", worker_id=alive_wid)
+    # "profile:" is the prefix, not a substring: a worker named otherwise is requeued as ever.
+    other = _claimed(s, "my-profile:worker")
+    for exp in (lost, alive, other):
+        _age(s, experiment_id=exp.id, seconds=60)
+    _age(s, worker_id=wid, seconds=60)
+    _age(s, worker_id="my-profile:worker", seconds=60)
+
+    assert queue.reap_lost(s, lease_s=30, max_attempts=3) == 2
+    s.expire_all()
+    row = s.get(Experiment, lost.id)
+    assert (row.status, row.error, row.attempt, row.worker_id) == ("failed", queue.IN_PROCESS_LOST, 1, wid)
+    assert row.finished_at is not None
+    assert s.get(Experiment, alive.id).status == "running"  # its process heartbeats
+    assert s.get(Experiment, other.id).status == "queued"
+    assert queue.claim_next(s, worker_id="dashboard").id == other.id  # never the lost profile run
+    assert queue.claim_next(s, worker_id="dashboard") is None
+
+
 def test_outcomes_only_land_on_the_attempt_that_is_running(any_session):
     s = any_session
     exp = _claimed(s)
