@@ -192,10 +192,19 @@ def limit_errors(spec: ExperimentSpec, settings: Settings, *, loc: tuple[str | i
             spec.model.kind,
             f"parameters, gradients and {spec.optimizer} state alone need about {_gib(fixed)} "
             f"({fixed:,} bytes; {params:,} parameters), over a worker's memory of "
-            f"{_gib(settings.worker_memory_bytes)} (CKPTLAB_WORKER_MEMORY_BYTES); use a smaller model "
-            "or sgd",
+            f"{_gib(settings.worker_memory_bytes)} (CKPTLAB_WORKER_MEMORY_BYTES); {_fixed_memory_advice(spec, params)}",
         )
     return errors
+
+
+def _fixed_memory_advice(spec: ExperimentSpec, params: int) -> str:
+    """What would make the fixed memory fit, true for this spec: checkpointing cannot help
+    (it only drops activations); sgd helps only a run that keeps optimizer state."""
+    advice = "use a smaller model (checkpointing cannot help: it only drops activations)"
+    if OPTIMIZER_STATES_PER_PARAM[spec.optimizer]:
+        sgd = params * PARAM_BYTES * 2
+        advice += f", or sgd, which keeps no optimizer state ({_gib(sgd)} for parameters and gradients)"
+    return advice
 
 
 def _gib(n: int) -> str:

@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, StrictBool, model_validator
 
-from ckptlab.spec_base import _field_error, _Strict
+from ckptlab.spec_base import SpecInt, _field_error, _Strict
 from ckptlab.spec_hf import HFModelSpec
 from ckptlab.spec_torchvision import TorchvisionModelSpec
 
@@ -61,8 +61,8 @@ class MLPSpec(_Strict):
     """
 
     kind: Literal["mlp"] = "mlp"
-    depth: int = Field(32, ge=1, le=1024, description="number of identical blocks")
-    width: int = Field(1024, ge=1, le=16384, description="features per block")
+    depth: SpecInt = Field(32, ge=1, le=1024, description="number of identical blocks")
+    width: SpecInt = Field(1024, ge=1, le=16384, description="features per block")
     dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout probability after each block")
     stem: StrictBool = Field(True, description="put a Linear+ReLU stem before the blocks")
 
@@ -78,9 +78,9 @@ class ResNetSpec(_Strict):
     """
 
     kind: Literal["resnet"] = "resnet"
-    depth: int = Field(9, ge=1, le=256, description="residual blocks")
-    channels: int = Field(16, ge=1, le=1024, description="channels of the stem (blocks use 4x)")
-    image_size: int = Field(64, ge=8, le=1024, description="input height and width (multiple of 4)")
+    depth: SpecInt = Field(9, ge=1, le=256, description="residual blocks")
+    channels: SpecInt = Field(16, ge=1, le=1024, description="channels of the stem (blocks use 4x)")
+    image_size: SpecInt = Field(64, ge=8, le=1024, description="input height and width (multiple of 4)")
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
 
     @model_validator(mode="after")
@@ -100,11 +100,11 @@ class TransformerSpec(_Strict):
     """
 
     kind: Literal["transformer"] = "transformer"
-    depth: int = Field(4, ge=1, le=256, description="decoder blocks")
-    d_model: int = Field(128, ge=8, le=16384)
-    heads: int = Field(4, ge=1, le=256)
-    seq_len: int = Field(128, ge=2, le=32768)
-    vocab_size: int = Field(1000, ge=2, le=1_000_000)
+    depth: SpecInt = Field(4, ge=1, le=256, description="decoder blocks")
+    d_model: SpecInt = Field(128, ge=8, le=16384)
+    heads: SpecInt = Field(4, ge=1, le=256)
+    seq_len: SpecInt = Field(128, ge=2, le=32768)
+    vocab_size: SpecInt = Field(1000, ge=2, le=1_000_000)
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
 
     @model_validator(mode="after")
@@ -125,10 +125,10 @@ class DenseNetSpec(_Strict):
     """
 
     kind: Literal["densenet"] = "densenet"
-    depth: int = Field(12, ge=1, le=256, description="dense layers")
-    growth_rate: int = Field(12, ge=1, le=256)
-    bn_size: int = Field(4, ge=1, le=16)
-    image_size: int = Field(32, ge=4, le=512)
+    depth: SpecInt = Field(12, ge=1, le=256, description="dense layers")
+    growth_rate: SpecInt = Field(12, ge=1, le=256)
+    bn_size: SpecInt = Field(4, ge=1, le=16)
+    image_size: SpecInt = Field(32, ge=4, le=512)
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
 
 
@@ -162,7 +162,7 @@ class CustomModelSpec(_Strict):
 
     kind: Literal["custom"] = "custom"
     name: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.\-]+$")
-    depth: int = Field(ge=1, le=4096)
+    depth: SpecInt = Field(ge=1, le=4096)
     options: dict[str, int | float | bool | str] = Field(default_factory=dict, max_length=64)
 
 
@@ -185,7 +185,7 @@ class PythonModelSpec(_Strict):
         max_length=200,
         pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$",
     )
-    depth: int = Field(ge=1, le=4096)
+    depth: SpecInt = Field(ge=1, le=4096)
     kwargs: dict[str, int | float | bool | str] = Field(default_factory=dict, max_length=64)
 
 
@@ -226,8 +226,8 @@ class CheckpointSpec(_Strict):
     """
 
     strategy: Literal["none", "sequential", "per_block", "selective", "offload"] = "none"
-    segments: int = Field(1, ge=1, description="segments for strategy 'sequential'")
-    every: int = Field(1, ge=1, description="blocks per checkpointed group for 'per_block' and 'selective'")
+    segments: SpecInt = Field(1, ge=1, description="segments for strategy 'sequential'")
+    every: SpecInt = Field(1, ge=1, description="blocks per checkpointed group for 'per_block' and 'selective'")
     policy: Literal["save_matmuls", "save_matmuls_and_attention", "recompute_all"] = "save_matmuls"
     use_reentrant: StrictBool = False
     preserve_rng_state: StrictBool = True
@@ -276,18 +276,18 @@ class ExperimentSpec(_Strict):
     """
 
     model: ModelSpec = Field(default_factory=MLPSpec)
-    batch_size: int = Field(64, ge=1, le=65536)
-    steps: int = Field(5, ge=1, le=100_000)
-    warmup_steps: int = Field(1, ge=0)
-    timed_steps: int = Field(20, ge=0, le=100_000)
+    batch_size: SpecInt = Field(64, ge=1, le=65536)
+    steps: SpecInt = Field(5, ge=1, le=100_000)
+    warmup_steps: SpecInt = Field(1, ge=0)
+    timed_steps: SpecInt = Field(20, ge=0, le=100_000)
     memory_early_stop: bool = True
-    grad_accum_steps: int = Field(1, ge=1, le=1024)
+    grad_accum_steps: SpecInt = Field(1, ge=1, le=1024)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     amp: Literal["off", "fp16", "bf16"] = "off"
     optimizer: Literal["sgd", "adam", "adamw"] = "adam"
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    seed: int = Field(0, ge=0, le=2**53 - 1)
-    memory_limit_bytes: int | None = Field(None, ge=1, le=MAX_MEMORY_LIMIT_BYTES)
+    seed: SpecInt = Field(0, ge=0, le=2**53 - 1)
+    memory_limit_bytes: SpecInt | None = Field(None, ge=1, le=MAX_MEMORY_LIMIT_BYTES)
     verify_gradients: StrictBool = True
     memory_snapshot: StrictBool = False
     timeout_s: float | None = Field(None, gt=0, le=7 * 24 * 3600)

@@ -3,10 +3,26 @@ field to fix. Imported by :mod:`ckptlab.spec` and :mod:`ckptlab.spec_hf`."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from typing import Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-__all__ = ["_Strict", "_field_error"]
+__all__ = ["_Strict", "_field_error", "SpecInt", "integral"]
+
+
+def integral(value: Any) -> Any:
+    """An integral float (``8.0``, what many JSON encoders write for 8) as the int it is;
+    anything else unchanged, so strict validation still refuses ``8.5``, ``"8"`` and
+    ``true``."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+#: An integer field of the spec: strict, but ``8.0`` is 8 (the JSON schema says ``integer``,
+#: and JSON does not tell 8.0 from 8).
+SpecInt = Annotated[int, BeforeValidator(integral)]
 
 
 class _Strict(BaseModel):

@@ -9,7 +9,7 @@ from typing import Any, Literal
 from pydantic import ConfigDict, Field, model_validator
 
 from ckptlab.hf import ATTN_IMPLEMENTATIONS, HF_ARCHITECTURES, HFArchitecture, HFField
-from ckptlab.spec_base import _field_error, _Strict
+from ckptlab.spec_base import SpecInt, _field_error, _Strict, integral
 
 __all__ = ["HFModelSpec"]
 
@@ -46,8 +46,8 @@ class HFModelSpec(_Strict):
     kind: Literal["hf"] = "hf"
     architecture: Literal[tuple(HF_ARCHITECTURES)]  # type: ignore[valid-type]
     attn_implementation: Literal[ATTN_IMPLEMENTATIONS] = "sdpa"  # type: ignore[valid-type]
-    seq_len: int | None = Field(None, ge=2, le=32768, description="tokens per sample (language models)")
-    image_size: int | None = Field(None, ge=16, le=1024, description="image height and width (vision models)")
+    seq_len: SpecInt | None = Field(None, ge=2, le=32768, description="tokens per sample (language models)")
+    image_size: SpecInt | None = Field(None, ge=16, le=1024, description="image height and width (vision models)")
 
     @model_validator(mode="before")
     @classmethod
@@ -56,6 +56,7 @@ class HFModelSpec(_Strict):
         if not isinstance(name, str) or name not in HF_ARCHITECTURES:
             return data  # the field's own validation names what is wrong
         arch = HF_ARCHITECTURES[data["architecture"]]
+        data = dict(data)
         unused = "image_size" if arch.family == "causal_lm" else "seq_len"
         for name, value in data.items():
             if name in _HF_OWN_FIELDS:
@@ -65,6 +66,10 @@ class HFModelSpec(_Strict):
                 raise _field_error(
                     (name,), value, f"unknown field for hf {data['architecture']!r}; expected one of {known}"
                 )
+            if arch.fields[name].type == "int":
+                value = data[name] = integral(value)
+            elif arch.fields[name].type == "int_list" and isinstance(value, list):
+                value = data[name] = [integral(v) for v in value]
             problem = _hf_field_problem(arch.fields[name], value)
             if problem:
                 raise _field_error((name,), value, problem)

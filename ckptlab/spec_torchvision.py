@@ -18,7 +18,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from ckptlab.spec_base import _Strict
+from ckptlab.spec_base import SpecInt, _Strict
 
 __all__ = ["TORCHVISION_ARCHITECTURES", "TorchvisionModelSpec", "torchvision_problem"]
 
@@ -51,8 +51,8 @@ class TorchvisionModelSpec(_Strict):
 
     kind: Literal["torchvision"] = "torchvision"
     architecture: Literal[tuple(TORCHVISION_ARCHITECTURES)]  # type: ignore[valid-type]
-    image_size: int = Field(224, ge=32, le=1024, description="image height and width, pixels")
-    num_classes: int = Field(1000, ge=1, le=100_000)
+    image_size: SpecInt = Field(224, ge=32, le=1024, description="image height and width, pixels")
+    num_classes: SpecInt = Field(1000, ge=1, le=100_000)
 
     @property
     def depth(self) -> int:

@@ -2,6 +2,8 @@
 
 Tables (after MLflow's metric storage: one row per experiment, attempt and step):
 
+Ids are 64-bit on both databases (:data:`Id`).
+
 - ``experiments``: the spec (JSON), lifecycle ``status`` (:class:`ckptlab.domain.Status`,
   held to its values by a CHECK constraint), timestamps
   (UTC), the worker that holds it, the summary (JSON) and the error text.
@@ -38,6 +40,12 @@ from ckptlab.domain import Status
 __all__ = ["Base", "Experiment", "ExperimentEvent", "Step", "Sweep", "Worker", "utcnow"]
 
 
+#: Primary and foreign keys: 64-bit (``BIGINT``) on PostgreSQL, as the API promises
+#: (``backend.deps.MAX_ID``); ``INTEGER`` on SQLite, whose ``INTEGER PRIMARY KEY`` is the
+#: 64-bit rowid already (and autoincrements only under that exact type name).
+Id = BigInteger().with_variant(Integer, "sqlite")
+
+
 def utcnow() -> datetime:
     """The current time, timezone-aware UTC."""
     return datetime.now(UTC)
@@ -72,7 +80,7 @@ class Experiment(Base):
         CheckConstraint("status IN (" + ", ".join(f"'{s.value}'" for s in Status) + ")", name="ck_experiments_status"),
     )
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    id: Mapped[int] = mapped_column(Id, primary_key=True)
     status: Mapped[str] = mapped_column(String(16), default=Status.QUEUED, index=True)
     spec: Mapped[dict[str, Any]] = mapped_column(JSON)
     model_kind: Mapped[str] = mapped_column(String(32))
@@ -86,7 +94,7 @@ class Experiment(Base):
     error: Mapped[str | None] = mapped_column(Text)
     #: Warnings and checkpoint errors raised during the run, in order, deduplicated.
     warnings: Mapped[list[str] | None] = mapped_column(JSON)
-    sweep_id: Mapped[int | None] = mapped_column(ForeignKey("sweeps.id", ondelete="CASCADE"), index=True)
+    sweep_id: Mapped[int | None] = mapped_column(Id, ForeignKey("sweeps.id", ondelete="CASCADE"), index=True)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     #: Path of a CUDA memory snapshot (pickle for pytorch.org/memory_viz), when recorded.
     snapshot_path: Mapped[str | None] = mapped_column(String(1024))
@@ -110,8 +118,8 @@ class ExperimentEvent(Base):
         ),
     )
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    experiment_id: Mapped[int] = mapped_column(ForeignKey("experiments.id", ondelete="CASCADE"), index=True)
+    id: Mapped[int] = mapped_column(Id, primary_key=True)
+    experiment_id: Mapped[int] = mapped_column(Id, ForeignKey("experiments.id", ondelete="CASCADE"), index=True)
     at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     #: The status the experiment moved to.
     status: Mapped[str] = mapped_column(String(16))
@@ -128,7 +136,7 @@ class Sweep(Base):
 
     __tablename__ = "sweeps"
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    id: Mapped[int] = mapped_column(Id, primary_key=True)
     name: Mapped[str] = mapped_column(String(200))
     base: Mapped[dict[str, Any]] = mapped_column(JSON)
     axes: Mapped[dict[str, Any]] = mapped_column(JSON)
@@ -163,8 +171,8 @@ class Step(Base):
         Index("ix_steps_experiment_attempt", "experiment_id", "attempt"),
     )
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    experiment_id: Mapped[int] = mapped_column(ForeignKey("experiments.id", ondelete="CASCADE"))
+    id: Mapped[int] = mapped_column(Id, primary_key=True)
+    experiment_id: Mapped[int] = mapped_column(Id, ForeignKey("experiments.id", ondelete="CASCADE"))
     attempt: Mapped[int] = mapped_column(Integer, default=1)
     step: Mapped[int] = mapped_column(Integer)
     forward_ms: Mapped[float] = mapped_column(Float)

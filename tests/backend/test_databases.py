@@ -50,3 +50,38 @@ def test_queries_series_and_streams_on_both_databases(any_database_url, data_dir
         csv_text = client.get(f"/api/experiments/{run.id}/steps?format=csv").text
         assert len(csv_text.strip().splitlines()) == 3001
     engine.dispose()
+
+
+def test_ids_are_64_bit_and_an_id_past_32_bits_is_the_same_404_on_both(any_database_url, data_dir):
+    from sqlalchemy import insert
+
+    from backend.app import create_app
+    from ckptlab.db.models import Experiment, Step
+
+    big = 3_000_000_000
+    engine = make_engine(any_database_url)
+    with (
+        make_sessionmaker(engine)() as session,
+        TestClient(create_app(Settings(data_dir=data_dir, database_url=any_database_url))) as client,
+    ):
+        for path in (f"/api/experiments/{big}", f"/api/experiments/{big}/steps", f"/api/sweeps/{big}"):
+            r = client.get(path)
+            assert r.status_code == 404, (path, r.status_code, r.text)
+        assert client.post(f"/api/experiments/{big}/cancel").status_code == 404
+        assert client.get(f"/api/experiments/{2**63}").status_code == 422  # past the API's 64-bit promise
+        # An id past 32 bits is stored and read back, with its steps (a BIGINT column on PostgreSQL).
+        spec = make_spec()
+        session.execute(
+            insert(Experiment).values(
+                id=big, spec=spec.model_dump(mode="json"), model_kind="mlp", strategy="none", status="queued", attempt=1
+            )
+        )
+        session.execute(
+            insert(Step).values(
+                id=big + 1, experiment_id=big, attempt=1, step=1, forward_ms=1, backward_ms=1, optimizer_ms=1, step_ms=3
+            )
+        )
+        session.commit()
+        assert client.get(f"/api/experiments/{big}").json()["id"] == big
+        assert [s["step"] for s in client.get(f"/api/experiments/{big}/steps").json()["data"]] == [1]
+    engine.dispose()

@@ -342,3 +342,15 @@ def test_the_api_refuses_torchvision_where_it_does_not_import_and_stores_nothing
         ).status_code
         == 201
     )
+
+
+def test_the_fixed_memory_advice_fits_the_spec_it_answers(make_client):
+    c = make_client(worker_memory_bytes=40 * 2**20)
+    big = spec_dict(**{"model.width": 1024, "model.depth": 8})  # 8.4 M parameters: 67 MB with sgd
+    msgs = {
+        opt: next(e["msg"] for e in c.post("/api/experiments", json={**big, "optimizer": opt}).json()["detail"])
+        for opt in ("adam", "sgd")
+    }
+    assert "or sgd, which keeps no optimizer state" in msgs["adam"]
+    assert "sgd" not in msgs["sgd"].split(";")[-1]  # already sgd: only a smaller model helps
+    assert all("checkpointing cannot help" in m for m in msgs.values())
