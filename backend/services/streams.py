@@ -4,7 +4,11 @@ Each stream polls the database every ``sse_poll_interval_s`` (default 0.15 s) in
 thread, with a fresh session per poll (a long-lived SQLite read transaction would never see
 new commits), so an open stream holds no pooled connection between polls. At most
 ``max_streams`` streams are open per server (:class:`StreamSlots`); beyond, 503 with
-``Retry-After``. A comment line every 15 s keeps idle connections alive. Events:
+``Retry-After``. Streams of one scope share their polls (:class:`SharedPolls`); each step's
+JSON is encoded once, in the polling thread, and the events after a cursor are framed once
+and written as one chunk to every stream at that place (:meth:`_Poll.step_frames`); at most
+:data:`POLL_THREADS` polls run at once, so REST routes keep their threads. A comment line
+every 15 s keeps idle connections alive. Events:
 
 - ``step``: ``{"experiment_id", "attempt", "step", "forward_ms", ..., "loss", "loss_nonfinite"}``
 - ``status``: ``{"experiment_id", "status", "attempt", "error"}``, on connect and on every
@@ -24,6 +28,7 @@ could be skipped by the cursor (those of one experiment never are).
 from __future__ import annotations
 
 import asyncio
+import bisect
 import hashlib
 import json
 import math
@@ -31,7 +36,7 @@ import re
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 import anyio
@@ -39,7 +44,6 @@ from fastapi import Depends, Header, HTTPException, Query, Request, status
 from fastapi.exceptions import RequestValidationError
 from sqlalchemy.orm import Session, sessionmaker
 from sse_starlette import EventSourceResponse, ServerSentEvent
-from starlette.concurrency import run_in_threadpool
 
 from backend.services.queries import ExperimentState, StepRow, experiment_states, steps_after
 from backend.services.sweeps import Progress, sweep_progress
@@ -63,6 +67,23 @@ EVENT_TYPES = ("step", "status", "progress", "end")
 _MAX_CURSOR = 2**63 - 1
 #: Steps read per poll; a stream catching up reads again at once.
 BATCH = 1000
+#: Polls running at once in worker threads, whatever the number of streams: the rest wait
+#: on the event loop, so the threads (and database connections) that REST routes and
+#: ``/api/health`` need stay free at the stream cap (``bench/bench_streams.py``).
+POLL_THREADS = 4
+_limiters: dict[int, anyio.CapacityLimiter] = {}
+
+
+def _poll_limiter() -> anyio.CapacityLimiter:
+    """The poll threads' limiter of the running event loop (one per loop: a limiter is
+    bound to the loop that first uses it)."""
+    loop = id(asyncio.get_running_loop())
+    limiter = _limiters.get(loop)
+    if limiter is None:
+        if len(_limiters) > 16:
+            _limiters.clear()
+        limiter = _limiters[loop] = anyio.CapacityLimiter(POLL_THREADS)
+    return limiter
 
 
 @dataclass(frozen=True)
@@ -118,22 +139,50 @@ def _step_data(row: StepRow) -> dict[str, Any]:
     return {"experiment_id": row.experiment_id, "attempt": row.attempt, **data}
 
 
+def _encode(data: dict[str, Any]) -> str:
+    return json.dumps(data, allow_nan=False, default=str, separators=(",", ":"))
+
+
 def _status_data(s: ExperimentState) -> dict[str, Any]:
     return {"experiment_id": s.id, "status": s.status, "attempt": s.attempt, "error": s.error}
 
 
 def _event(kind: str, data: dict[str, Any], cursor: Cursor) -> ServerSentEvent:
-    return ServerSentEvent(
-        data=json.dumps(data, allow_nan=False, default=str, separators=(",", ":")), event=kind, id=cursor.event_id()
-    )
+    return ServerSentEvent(data=_encode(data), event=kind, id=cursor.event_id())
 
 
 @dataclass
 class _Poll:
+    """One poll's result, shared by every stream of its scope. ``encoded`` holds each step's
+    ``data`` JSON, encoded once in the polling thread; ``frames`` caches the wire bytes of
+    the step events after a cursor, for a status digest (streams at the same place share
+    them: the same bytes go to every stream that wants them)."""
+
     states: list[ExperimentState]
     steps: list[StepRow]
     progress: Progress | None
     truncated: bool = False  # the step query hit BATCH: more steps follow
+    encoded: list[str] = field(default_factory=list)
+    frames: dict[tuple[int, str], tuple[bytes, int, int]] = field(default_factory=dict)
+
+    def step_frames(self, after: int, digest: str) -> tuple[bytes, int, int]:
+        """The step events after row ``after`` as one SSE chunk (``id``, ``event``,
+        ``data`` lines as :class:`sse_starlette.ServerSentEvent` writes them), the last row
+        id in it (``after`` when none) and the number of events. Built once per (cursor,
+        digest) on the event loop."""
+        key = (after, digest)
+        hit = self.frames.get(key)
+        if hit is None:
+            start = bisect.bisect_right(self.steps, after, key=lambda r: r.id)
+            parts = [
+                f"id: {row.id}:{digest}\r\nevent: step\r\ndata: {data}\r\n\r\n"
+                for row, data in zip(self.steps[start:], self.encoded[start:], strict=True)
+            ]
+            last = self.steps[-1].id if start < len(self.steps) else after
+            hit = ("".join(parts).encode(), last, len(parts))
+            if len(self.frames) < 64:
+                self.frames[key] = hit
+        return hit
 
 
 class StreamSlots:
@@ -260,7 +309,7 @@ class SharedPolls:
         future: asyncio.Future = asyncio.get_running_loop().create_future()
         self._inflight[key] = (after, future)
         try:
-            result = await run_in_threadpool(compute, after)
+            result = await anyio.to_thread.run_sync(compute, after, limiter=_poll_limiter())
         except BaseException as exc:
             if not future.done():
                 future.set_exception(exc if isinstance(exc, Exception) else RuntimeError("poll cancelled"))
@@ -316,7 +365,8 @@ def event_stream(
             ]
             steps = steps_after(session, attempts=pairs, after_id=after, limit=BATCH) if include_steps else []
             progress = sweep_progress(session, sweep_ids=[sweep_id])[sweep_id] if sweep_id is not None else None
-            return _Poll(states, steps, progress, len(steps) >= BATCH)
+        # Encoded here, in the polling thread, once for every stream that shares this poll.
+        return _Poll(states, steps, progress, len(steps) >= BATCH, [_encode(_step_data(r)) for r in steps])
 
     async def generate() -> AsyncIterator[ServerSentEvent]:
         try:
@@ -327,12 +377,10 @@ def event_stream(
 
     async def shared_poll(after: int, known: dict[int, tuple[str, int]] | None) -> _Poll:
         if scope is None or stream.shared is None:
-            return await run_in_threadpool(poll, after, known)
-        # Shared: read steps of every started experiment (known=None), then keep this
-        # stream's own (after its cursor) from the shared window.
-        result = await stream.shared.get((scope, include_steps), after, lambda a: poll(a, None))
-        mine = [r for r in result.steps if r.id > after]
-        return _Poll(result.states, mine, result.progress, result.truncated)
+            return await anyio.to_thread.run_sync(poll, after, known, limiter=_poll_limiter())
+        # Shared: read steps of every started experiment (known=None); each stream takes
+        # the steps after its own cursor from the shared window (_Poll.step_frames).
+        return await stream.shared.get((scope, include_steps), after, lambda a: poll(a, None))
 
     async def _events() -> AsyncIterator[ServerSentEvent]:
         step_id, digest = cursor.step_id, cursor.digest
@@ -340,9 +388,9 @@ def event_stream(
         full, resumed = True, False
         while True:
             result = await shared_poll(step_id, None if full else dict(known))
-            for row in result.steps:
-                step_id = row.id
-                yield _event("step", _step_data(row), Cursor(step_id, digest))
+            chunk, step_id, _count = result.step_frames(step_id, digest)
+            if chunk:
+                yield chunk  # every new step in one write, encoded once per scope and place
             full = result.truncated
             if full:
                 continue  # catch up on steps first; statuses follow the steps they end

@@ -8,7 +8,8 @@ import time
 
 import httpx
 
-from tests.backend.conftest import running_experiment
+from ckptlab.db import queue
+from tests.backend.conftest import add_steps, parse_sse, running_experiment
 
 
 def _hold_stream(url: str, opened: threading.Semaphore, stop: threading.Event) -> None:
@@ -66,3 +67,65 @@ def test_a_stream_over_the_cap_gets_503_with_retry_after(live_server_factory, db
         assert httpx.get(f"{url}/api/health", timeout=10).status_code == 200
     finally:
         stop.set()
+
+
+def _collect_steps(url: str, want: int, got: list, opened: threading.Semaphore) -> None:
+    with httpx.Client(timeout=60) as c, c.stream("GET", url) as r:
+        opened.release()
+        for line in r.iter_lines():
+            if line.startswith("data: ") and '"step"' in line:
+                got.append(line)
+                if len(got) >= want:
+                    return
+
+
+def test_each_new_step_is_encoded_once_for_every_stream_that_shares_its_poll(
+    live_server_factory, db_session, monkeypatch
+):
+    import backend.services.streams as streams
+
+    encoded: list[int] = []
+    real = streams._encode
+
+    def counting(data):
+        if "step" in data:
+            encoded.append(data["step"])
+        return real(data)
+
+    monkeypatch.setattr(streams, "_encode", counting)
+    url = live_server_factory(sse_poll_interval_s=2.0)  # one shared poll lives 2 s
+    exp = running_experiment(db_session)
+    n, steps = 3, 10
+    opened = threading.Semaphore(0)
+    got: list[list[str]] = [[] for _ in range(n)]
+    threads = [
+        threading.Thread(
+            target=_collect_steps, args=(f"{url}/api/experiments/{exp.id}/events", steps, got[k], opened), daemon=True
+        )
+        for k in range(n)
+    ]
+    for t in threads:
+        t.start()
+    for _ in range(n):
+        assert opened.acquire(timeout=20)
+    add_steps(db_session, exp, range(1, steps + 1))
+    for t in threads:
+        t.join(timeout=30)
+    assert all(len(g) == steps for g in got), [len(g) for g in got]
+    assert got[0] == got[1] == got[2]  # the same bytes for every stream
+    # Encoded in the shared poll, not once per stream (per-stream encoding would be n x steps).
+    assert steps <= len(encoded) < n * steps, sorted(encoded)
+
+
+def test_a_catching_up_stream_gets_its_backlog_in_order_in_few_writes(client, db_session):
+    exp = running_experiment(db_session)
+    add_steps(db_session, exp, range(1, 2501))  # 2.5 polls of BATCH rows
+    queue.finish_experiment(db_session, experiment_id=exp.id, status="succeeded", summary={})
+    with client.stream("GET", f"/api/experiments/{exp.id}/events") as r:
+        chunks = list(r.iter_raw())
+    events = parse_sse(b"".join(chunks).decode())
+    assert [e.data["step"] for e in events if e.event == "step"] == list(range(1, 2501))
+    ids = [int(e.id.split(":")[0]) for e in events if e.event == "step"]
+    assert ids == sorted(ids) and len(set(ids)) == 2500
+    assert events[-1].event == "end"
+    assert len(chunks) < 50  # a batch of steps per write, not 2,500 writes
