@@ -1,5 +1,5 @@
 """The ``ckptlab`` command: the worker's commands (``worker``, ``run``), the backend's
-(``serve``), the database's (``db ...``) and ``up``, which starts both processes.
+(``serve``) and ``up``, which migrates the database once and starts both processes.
 
 Exit codes: 0 success, 1 the experiment failed, 2 bad input (one line on stderr).
 """

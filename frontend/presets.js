@@ -1,6 +1,6 @@
 /* Presets of the form (#/new?preset=...) and the names of the sweep axes. */
 
-/** Presets from the seed documents (docs/domain.md) plus a quick CPU check. */
+/** Presets from the seed documents (../shared/docs/domain.md) plus a quick CPU check. */
 export const PRESETS = {
   mlp72: {
     spec: {

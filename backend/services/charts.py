@@ -1,7 +1,7 @@
 """Plotly figures of a sweep, built on the server (``plotly.graph_objects``).
 
 - ``memory_vs_segments``: activation and peak bytes against ``checkpoint.segments``, one
-  line per combination of the other axes, with the segment law of ``docs/domain.md``
+  line per combination of the other axes, with the segment law of ``ckptlab/law.py`` (after the domain notes, ``../shared/docs/domain.md``)
   (``retained(N) ~= (N-1)*b + last*a``) computed from each baseline.
 - ``time_vs_segments``: step-time overhead against the matching ``none`` baseline, %.
 - ``pareto``: memory against step time for every succeeded experiment; the Pareto frontier
