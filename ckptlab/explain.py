@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ckptlab.domain import MemoryCategory
 from ckptlab.spec import ExperimentSpec
 
 __all__ = ["format_bytes", "peak_sentence", "findings", "FINDING_CODES", "SAVING_THRESHOLD", "SAVING_FLOOR_BYTES"]
@@ -31,13 +32,7 @@ FINDING_CODES = {
 }
 
 _PHASE_WORDS = {"forward": "forward", "backward": "backward", "optimizer": "optimizer.step"}
-_CATEGORY_WORDS = {
-    "parameters": "parameters",
-    "gradients": "gradients",
-    "optimizer_state": "optimizer state",
-    "activations": "activations",
-    "other": "other",
-}
+_CATEGORY_WORDS = {c.value: c.value.replace("_", " ") for c in MemoryCategory}
 
 
 def format_bytes(n: float | None) -> str:
@@ -72,7 +67,7 @@ def peak_sentence(summary: Mapping[str, Any], *, optimizer: str | None = None) -
     shares = sorted(((v / peak, k) for k, v in at_peak.items() if v), reverse=True)
     top = [f"{_CATEGORY_WORDS.get(k, k)} {100 * f:.0f}%" for f, k in shares[:2]]
     act = summary.get("activation_bytes_at_peak") or 0
-    if "activations" not in [k for _f, k in shares[:2]]:
+    if MemoryCategory.ACTIVATIONS not in [k for _f, k in shares[:2]]:
         top.append(f"activations {100 * act / peak:.0f}%")
     head = f"peak {format_bytes(peak)} is in {_PHASE_WORDS.get(phase, phase)}: {', '.join(top)}"
     if act <= SAVING_THRESHOLD * peak:

@@ -92,6 +92,7 @@ class RunSummary(BaseModel):
     params_without_grad: int | None = None
     final_loss: float | None = None
     gradients_match: bool | None = None
+    gradient_verdict: Literal["match", "differ", "undetermined: vanishing gradients"] | None = None
     grad_mismatch_count: int | None = None
     grad_worst_param: str | None = None
     grad_worst_rel_error: float | None = None

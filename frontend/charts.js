@@ -1,7 +1,7 @@
 /* Plotly figures: the per-step charts of one experiment, and the sweep figures the API
  * builds, restyled here (Okabe-Ito colours, binary byte units, WebGL above 1,000 points). */
 
-import { COLORWAY, OKABE_ITO, byteUnit, fmtBytes } from './util.js';
+import { COLORWAY, META, OKABE_ITO, byteUnit, fmtBytes } from './util.js';
 
 /** Above this many points a chart uses WebGL traces (scattergl). */
 export const GL_THRESHOLD = 1000;
@@ -59,13 +59,11 @@ export function glify(traces) {
 
 // ------------------------------------------------------------------ one experiment
 
-export const CATEGORIES = [
-  ['parameters', 'parameters', OKABE_ITO.blue],
-  ['gradients', 'gradients', OKABE_ITO.orange],
-  ['optimizer_state', 'optimizer state', OKABE_ITO.green],
-  ['activations', 'activations', OKABE_ITO.vermillion],
-  ['other', 'other', OKABE_ITO.sky],
-];
+/** [key, label, colour] of each memory category, in the server's order (GET /api/meta). */
+const CATEGORY_COLORS = [OKABE_ITO.blue, OKABE_ITO.orange, OKABE_ITO.green, OKABE_ITO.vermillion, OKABE_ITO.sky];
+export const CATEGORIES = META.memory_categories.map((name, i) => [
+  name, name.replace('_', ' '), CATEGORY_COLORS[i % CATEGORY_COLORS.length],
+]);
 
 function stepAxis(spec, steps, n) {
   const last = Math.max(n, (spec && spec.steps) || 1);

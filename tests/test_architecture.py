@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from ckptlab.domain import MemoryCategory
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("ckptlab", "worker", "backend", "cli")
 #: Which top-level package may import which (the floor imports neither process).
@@ -103,6 +105,21 @@ def test_status_words_are_spelled_only_in_the_domain_module() -> None:
             if literal.search(line):
                 hits.append(f"{path}:{n}: {line.strip()}")
     assert not hits, "status spelled outside ckptlab/domain.py:\n" + "\n".join(hits)
+
+
+def test_memory_category_keys_are_spelled_only_in_the_domain_module() -> None:
+    # A category key as a quoted word (a dict key, a tag, an array item) outside
+    # ckptlab/domain.py is a second vocabulary; a column ``label: '...'`` is prose.
+    words = "|".join(c.value for c in MemoryCategory)
+    literal = re.compile(r"""(?<!label: )(["'])(""" + words + r""")\1""")
+    hits = []
+    for path in tracked_files("*.py", "*.js", "*.html"):
+        if path == Path("ckptlab/domain.py") or path.parts[0] in ("tests", "bench") or "migrations" in path.parts:
+            continue
+        for n, line in enumerate((ROOT / path).read_text().splitlines(), 1):
+            if literal.search(line):
+                hits.append(f"{path}:{n}: {line.strip()}")
+    assert not hits, "memory category spelled outside ckptlab/domain.py:\n" + "\n".join(hits)
 
 
 def test_no_source_file_over_the_line_limit() -> None:

@@ -86,6 +86,8 @@ def _timing_line(summary: RunSummary) -> str:
 
 def _gradient_line(summary: RunSummary) -> str:
     """The gradient check in words: match, mismatch (the worst parameter), or not run."""
+    if summary.gradient_verdict and summary.gradient_verdict.startswith("undetermined"):
+        return f"gradients: {summary.gradient_verdict} (every reference gradient below 1e-20)"
     if summary.gradients_match is None:
         return "gradients: not compared (strategy none, or verify_gradients off)"
     if summary.gradients_match:

@@ -39,6 +39,7 @@ from typing import Any
 
 import torch
 
+from ckptlab.domain import MemoryCategory
 from ckptlab.explain import findings, peak_sentence
 from ckptlab.spec import ExperimentSpec
 from ckptlab.stats import describe
@@ -200,15 +201,15 @@ def _measure(
     timed: list[dict[str, Any]] = []
     try:
         with meter.mode():
-            meter.set_category("parameters")
+            meter.set_category(MemoryCategory.PARAMETERS)
             built = build_checkpointed(spec, dev, on_recompute=meter.on_recompute)
             params = list(built.module.parameters())
-            meter.retag(list(params) + list(built.module.buffers()), "parameters")
-            meter.set_category("other")
+            meter.retag(list(params) + list(built.module.buffers()), MemoryCategory.PARAMETERS)
+            meter.set_category(MemoryCategory.OTHER)
             opt = make_optimizer(spec, params)
             tag_optimizer_state(opt, meter)
             for p in params:
-                p.register_post_accumulate_grad_hook(lambda q: meter.retag([q.grad], "gradients"))
+                p.register_post_accumulate_grad_hook(lambda q: meter.retag([q.grad], MemoryCategory.GRADIENTS))
             for step in range(1, spec.steps + 1):
                 where["step"] = step
                 records.append(_one_step(spec, dev, meter, built, params, opt, scaler, autocast, gen, where))
@@ -290,7 +291,10 @@ def _peak_facts(peak_rec: dict[str, Any]) -> dict[str, Any]:
     checkpointing can take off it."""
     extra = peak_rec["extra"]
     phase = max(("forward", "backward", "optimizer"), key=lambda k: extra[f"{k}_peak_bytes"])
-    return {"peak_phase": phase, "activation_bytes_at_peak": int(extra["memory_at_peak"].get("activations", 0))}
+    return {
+        "peak_phase": phase,
+        "activation_bytes_at_peak": int(extra["memory_at_peak"].get(MemoryCategory.ACTIVATIONS, 0)),
+    }
 
 
 def _timed_step(spec, dev, built: Built, params, opt, scaler, autocast, gen, where) -> dict[str, Any]:
@@ -354,13 +358,13 @@ def _one_step(spec, dev, meter: Meter, built: Built, params, opt, scaler, autoca
         probe.reset_peak()
         before = probe.live_bytes
         where["phase"] = "forward"
-        meter.set_category("activations")
+        meter.set_category(MemoryCategory.ACTIVATIONS)
         t0 = time.perf_counter()
         with autocast():
             out = built.module(x)
         loss = built.loss_fn(out, y) / spec.grad_accum_steps
         phase_end("forward", t0)
-        meter.set_category("other")
+        meter.set_category(MemoryCategory.OTHER)
         if micro == 0:
             live = probe.live_bytes
             first = {
@@ -382,7 +386,7 @@ def _one_step(spec, dev, meter: Meter, built: Built, params, opt, scaler, autoca
     t2 = time.perf_counter()
     _optimizer_step(opt, scaler)
     if len(opt.state) != meter.optimizer_states_tagged:  # state appears at the first step(s)
-        meter.retag(list(optimizer_tensors(opt)), "optimizer_state")
+        meter.retag(list(optimizer_tensors(opt)), MemoryCategory.OPTIMIZER_STATE)
         meter.optimizer_states_tagged = len(opt.state)
     opt.zero_grad(set_to_none=True)
     phase_end("optimizer", t2)

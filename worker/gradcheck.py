@@ -19,6 +19,13 @@ __all__ = ["verify_gradients"]
 _MAX_NAMES = 20
 
 
+#: float32's machine epsilon: the relative tolerance's floor (no absolute one).
+_EPS32 = float(torch.finfo(torch.float32).eps)
+#: Largest reference gradient below which the comparison is undetermined (float32's
+#: subnormal range and underflow start near 1e-38: relative errors there mean nothing).
+VANISHING_GRADIENT = 1e-20
+
+
 def _forward_bytes(dev: torch.device, forward, known: list[torch.Tensor]) -> tuple[Any, int]:
     """Run ``forward()`` and count the bytes it leaves alive (the activations autograd keeps,
     the output and the loss): the CPU tracker's exact count, or the CUDA allocator's
@@ -47,13 +54,19 @@ def verify_gradients(spec: ExperimentSpec, dev: torch.device) -> dict[str, Any]:
     first batch and the same RNG seed before forward (so dropout draws the same masks in
     the first forward, when the RNG state is preserved). Each parameter is judged on its
     own scale, so a large gradient elsewhere cannot hide a wrong one: parameter ``p``
-    matches when ``max|g_ckpt - g_ref| <= rtol * max|g_ref| + 1e-7`` over ``p``'s entries
+    matches when ``max|g_ckpt - g_ref| <= (rtol + eps) * max|g_ref|`` over ``p``'s entries
     (rtol 1e-4 in float32, 1e-2 under autocast, as ``torch.testing.assert_close`` scales
-    its defaults by dtype). A parameter with a reference gradient but none under
-    checkpointing does not match.
+    its defaults by dtype; eps is float32's): no absolute floor, so a parameter whose
+    gradients are all tiny (the early layers of a deep MLP) is judged on its own scale, and
+    a different dropout mask there is caught (issue 19). A parameter with a reference
+    gradient but none under checkpointing does not match. When every reference gradient is
+    below :data:`VANISHING_GRADIENT`, nothing can be compared: ``gradients_match`` is None
+    and ``gradient_verdict`` says "undetermined: vanishing gradients".
 
     Returns:
-        ``gradients_match`` (every parameter matches), ``grad_mismatch_count``,
+        ``gradients_match`` (every parameter matches; None when undetermined),
+        ``gradient_verdict`` (``match``, ``differ`` or ``undetermined: vanishing
+        gradients``), ``grad_mismatch_count``,
         ``grad_worst_param`` (the name with the largest relative error) and
         ``grad_worst_rel_error`` (its ``max|Δ| / max|g_ref|``), ``params_missing_grad``
         (names, at most 20), ``grad_max_abs_diff`` (max over all parameters of
@@ -70,13 +83,16 @@ def verify_gradients(spec: ExperimentSpec, dev: torch.device) -> dict[str, Any]:
     x, y = x.to(dev), y.to(dev)
 
     def forward(built: Built):
+        # (output, loss), both alive when the bytes are counted: the engine's count keeps
+        # the output too (one counting rule, so a finding comparing them cannot fire on
+        # identical settings).
         torch.manual_seed(spec.seed + 1)
         with autocast():
             out = built.module(x)
-        return built.loss_fn(out, y)
+        return out, built.loss_fn(out, y)
 
     if spec.checkpoint.strategy == "none":
-        _loss, ref_bytes = _forward_bytes(
+        _kept, ref_bytes = _forward_bytes(
             dev, lambda: forward(ref), [*ref.module.parameters(), *ref.module.buffers(), x, y]
         )
         return {
@@ -92,12 +108,14 @@ def verify_gradients(spec: ExperimentSpec, dev: torch.device) -> dict[str, Any]:
     ck_params = list(ck.module.parameters())  # identities survive regrouping
     apply_strategy(ck.blocks, spec.checkpoint, device=dev)
 
-    loss_ref, ref_bytes = _forward_bytes(
+    (out_ref, loss_ref), ref_bytes = _forward_bytes(
         dev, lambda: forward(ref), [*ref.module.parameters(), *ref.module.buffers(), x, y]
     )
     loss_ref.backward()
-    loss_ck = forward(ck)
+    del out_ref
+    out_ck, loss_ck = forward(ck)
     loss_ck.backward()
+    del out_ck
     rtol = 1e-4 if spec.amp == "off" else 1e-2
     diff, scale, mismatches, worst, worst_rel, missing = 0.0, 0.0, 0, None, 0.0, []
     for (name, pr), pc in zip(ref.module.named_parameters(), ck_params, strict=True):
@@ -110,15 +128,18 @@ def verify_gradients(spec: ExperimentSpec, dev: torch.device) -> dict[str, Any]:
         if lost:
             missing.append(name)
         rel = d / ref_scale if ref_scale > 0 else (0.0 if d == 0 else float("inf"))
-        if lost or d > rtol * ref_scale + 1e-7:
+        if lost or d > (rtol + _EPS32) * ref_scale:
             mismatches += 1
             if worst is None or rel > worst_rel:
                 worst, worst_rel = name, rel
+    vanished = scale < VANISHING_GRADIENT
+    verdict = "undetermined: vanishing gradients" if vanished else ("match" if not mismatches else "differ")
     return {
         "grad_max_abs_diff": diff,
         "grad_max_abs": scale,
         "loss_diff": abs(float(loss_ck.detach().float()) - float(loss_ref.detach().float())),
-        "gradients_match": mismatches == 0,
+        "gradients_match": None if vanished else mismatches == 0,
+        "gradient_verdict": verdict,
         "grad_mismatch_count": mismatches,
         "grad_worst_param": worst,
         "grad_worst_rel_error": worst_rel if worst is not None else None,

@@ -16,6 +16,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from ckptlab.domain import MemoryCategory
+
 __all__ = ["CATEGORIES", "SimulatedOutOfMemoryError", "LiveTensorTracker", "CudaProbe"]
 
 
@@ -37,7 +39,7 @@ class SimulatedOutOfMemoryError(MemoryError):
 
 
 #: Memory categories, after ``torch.distributed._tools.mem_tracker`` (PARAM, GRAD, OPT, ACT, TEMP).
-CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "other")
+CATEGORIES = tuple(c.value for c in MemoryCategory)  # the one vocabulary, ckptlab.domain
 
 
 class _Info:
@@ -79,7 +81,7 @@ class LiveTensorTracker(TorchDispatchMode):
         self.peak_bytes = 0
         self.window_peak_bytes = 0
         self.limit_bytes = limit_bytes
-        self.category = "other"
+        self.category = MemoryCategory.OTHER.value
         self.by_category = dict.fromkeys(CATEGORIES, 0)
         self.peak_by_category = dict(self.by_category)
         # StorageImpl address -> (weak reference to the storage, its info). The weak

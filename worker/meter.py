@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from ckptlab.domain import MemoryCategory
 from worker.memory import CudaProbe, LiveTensorTracker
 
 __all__ = [
@@ -77,7 +78,7 @@ class Meter:
         self.recompute_peak = 0
         self.optimizer_states_tagged = 0
         self._recompute_start = 0
-        self._saved_category = "other"
+        self._saved_category = MemoryCategory.OTHER
         self._nvml = None
         if self.cuda:
             try:
@@ -117,7 +118,7 @@ class Meter:
             if not self.cuda:
                 self.probe.reset_window()
                 self._saved_category = self.probe.category
-                self.probe.category = "activations"
+                self.probe.category = MemoryCategory.ACTIVATIONS
             return
         top = self.probe.live_bytes if self.cuda else self.probe.window_peak_bytes
         self.recompute_peak = max(self.recompute_peak, top - self._recompute_start)
@@ -141,11 +142,11 @@ class Meter:
         o = storage_bytes(optimizer_tensors(opt))
         act = max(min(activations, live - p - g - o), 0)
         return {
-            "parameters": p,
-            "gradients": g,
-            "optimizer_state": o,
-            "activations": act,
-            "other": max(live - p - g - o - act, 0),
+            MemoryCategory.PARAMETERS.value: p,
+            MemoryCategory.GRADIENTS.value: g,
+            MemoryCategory.OPTIMIZER_STATE.value: o,
+            MemoryCategory.ACTIVATIONS.value: act,
+            MemoryCategory.OTHER.value: max(live - p - g - o - act, 0),
         }
 
 
@@ -160,7 +161,7 @@ class _TaggingState(dict):
     def __setitem__(self, key, value) -> None:
         super().__setitem__(key, value)
         if isinstance(value, torch.Tensor):
-            self._meter.retag([value], "optimizer_state")
+            self._meter.retag([value], MemoryCategory.OPTIMIZER_STATE)
 
 
 def tag_optimizer_state(opt: torch.optim.Optimizer, meter: Meter) -> None:

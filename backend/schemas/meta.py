@@ -8,7 +8,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from backend.schemas.common import examples
-from ckptlab.domain import Status
+from ckptlab.domain import MemoryCategory, Status
 
 __all__ = ["StatusPublic", "MetaPublic"]
 
@@ -28,7 +28,7 @@ class MetaPublic(BaseModel):
     model_config = examples(
         {
             "statuses": [{"name": Status.QUEUED, "finished": False}],
-            "memory_categories": ["parameters", "gradients", "optimizer_state", "activations", "other"],
+            "memory_categories": [c.value for c in MemoryCategory],
             "model_kinds": ["mlp", "resnet", "transformer", "densenet", "custom"],
             "strategies": ["none", "sequential", "per_block", "selective", "offload"],
             "policies": ["save_matmuls", "save_matmuls_and_attention", "recompute_all"],

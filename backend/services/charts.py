@@ -1,8 +1,9 @@
 """Plotly figures of a sweep, built on the server (``plotly.graph_objects``).
 
 - ``memory_vs_segments``: activation and peak bytes against ``checkpoint.segments``, one
-  line per combination of the other axes, with the segment law of ``ckptlab/law.py`` (after the domain notes, ``../shared/docs/domain.md``)
-  (``retained(N) ~= (N-1)*b + last*a``) computed from each baseline.
+  line per combination of the other axes, with the segment law of ``ckptlab/law.py``
+  (after the domain notes, ``../shared/docs/domain.md``: ``retained(N) ~= (N-1)*b +
+  last*a``) computed from each baseline.
 - ``time_vs_segments``: step-time overhead against the matching ``none`` baseline, %.
 - ``pareto``: memory against step time for every succeeded experiment; the Pareto frontier
   (no other run is both faster and smaller) is drawn as a line.

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from ckptlab.law import retained_bytes
-from ckptlab.spec import STRATEGIES
-from tests.factories import make_spec
+from ckptlab.spec import STRATEGIES, ExperimentSpec
+from tests.factories import make_spec, spec_dict
 from worker.engine import resolve_device, run_experiment
 from worker.errors import RunError, RunOutOfMemory
 
@@ -207,3 +207,34 @@ def test_summary_of_a_diverged_run_is_json_safe():
     summary = engine._finite_or_none({"a": float("nan"), "b": [1.0, float("inf")], "c": {"d": -float("inf")}, "e": 2})
     assert summary == {"a": None, "b": [1.0, None], "c": {"d": None}, "e": 2}
     json.dumps(summary, allow_nan=False)
+
+
+@pytest.mark.parametrize("checkpoint", [{"strategy": "sequential", "segments": 1}, {"strategy": "offload"}])
+@pytest.mark.parametrize(
+    "model",
+    [
+        {"kind": "transformer", "depth": 2, "d_model": 32, "heads": 2, "seq_len": 64, "vocab_size": 500},
+        {"kind": "mlp", "depth": 4, "width": 64},
+    ],
+)
+def test_settings_that_keep_what_none_keeps_never_read_as_keeping_more(model, checkpoint):
+    # One counting rule: the reference forward and the engine both count the output (the
+    # transformer's logits are 6% of its activations, over the 1% margin of the finding).
+    body = spec_dict(steps=2, batch_size=4, model=model)
+    body["checkpoint"] = {**body["checkpoint"], **checkpoint}
+    summary = run_experiment(ExperimentSpec.model_validate(body))
+    codes = [f["code"] for f in summary["findings"]]
+    assert "checkpointing_keeps_more" not in codes, summary["findings"]
+    if checkpoint["strategy"] == "sequential":  # segments=1 is strategy none, to the byte
+        assert summary["activation_bytes"] == summary["reference_activation_bytes"]
+
+
+@pytest.mark.parametrize("depth", [8, 32])
+def test_a_dropout_mask_drawn_again_is_caught_however_small_the_gradients(depth):
+    # preserve_rng_state=False with dropout: recomputation draws other masks. At depth 32
+    # the checkpointed half's gradients are below 1e-8; an absolute floor of 1e-7 hid them.
+    body = spec_dict(steps=2, batch_size=8, model={"kind": "mlp", "depth": depth, "width": 32, "dropout": 0.2})
+    body["checkpoint"] = {**body["checkpoint"], "strategy": "per_block", "preserve_rng_state": False}
+    summary = run_experiment(ExperimentSpec.model_validate(body))
+    assert summary["gradients_match"] is False and summary["gradient_verdict"] == "differ"
+    assert summary["grad_worst_param"] is not None and summary["grad_mismatch_count"] > 0
