@@ -394,6 +394,9 @@ export function initSweep() {
   $('sweep-cancel').addEventListener('click', async () => {
     if (!cur) return;
     const c = cur;
+    const left = c.sweep && c.sweep.progress ? c.sweep.progress.total - c.sweep.progress.finished : null;
+    const what = left === null ? 'every unfinished run' : `the ${left} unfinished run${left === 1 ? '' : 's'}`;
+    if (!window.confirm(`Cancel ${what} of sweep #${c.id}? Finished runs keep their results.`)) return;
     const b = $('sweep-cancel');
     b.disabled = true;
     try {

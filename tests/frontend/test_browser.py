@@ -364,6 +364,13 @@ def test_cancel_and_live_list(app: App, page: Page, requested_urls: list[str], p
     assert code == 201
     page.goto(f"{app_url}/#/sweeps/{sweep['id']}")
     expect(page.locator("#sweep-cancel")).to_be_visible()
+    # It asks first: dismissing the dialog cancels nothing.
+    asked: list[str] = []
+    page.once("dialog", lambda d: (asked.append(d.message), d.dismiss()))
+    page.click("#sweep-cancel")
+    assert asked and asked[0].startswith(f"Cancel the 4 unfinished runs of sweep #{sweep['id']}?"), asked
+    assert _get_json(f"{app_url}/api/sweeps/{sweep['id']}")[1]["cancelled"] is False
+    page.once("dialog", lambda d: d.accept())
     page.click("#sweep-cancel")
     expect(page.locator("#sweep-progress-text")).to_have_text("4 of 4", timeout=30_000)  # baseline twice
     expect(page.locator("#sweep-counts")).to_contain_text("cancelled")
