@@ -42,7 +42,7 @@ function controlValue(c) {
       return c.checked;
     case 'int':
     case 'float':
-      return raw === '' ? null : Number(raw); // an empty field: the server names it in its 422
+      return raw === '' ? new Invalid('required: type a number') : Number(raw);
     case 'optfloat':
     case 'optnum':
       return Number(raw);

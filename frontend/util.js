@@ -121,8 +121,9 @@ export function fmtDuration(startIso, endIso) {
 
 /** "mlp 32×1024" and similar one-line model descriptions. */
 export function modelLabel(spec) {
-  const m = (spec && spec.model) || {};
-  switch (m.kind) {
+  const raw = (spec && spec.model) || {};
+  const m = new Proxy(raw, { get: (t, k) => t[k] ?? '?' }); // an emptied field reads "?"
+  switch (raw.kind) {
     case 'mlp': return `mlp ${m.depth}×${m.width}`;
     case 'transformer': return `transformer ${m.depth}×${m.d_model}, seq ${m.seq_len}`;
     case 'resnet': return `resnet ${m.depth} blocks, ${m.channels} ch, ${m.image_size}px`;
@@ -130,8 +131,8 @@ export function modelLabel(spec) {
     case 'custom': return `custom ${m.name} (${m.depth})`;
     case 'python': return `python ${m.target} (${m.depth})`;
     case 'torchvision': return `torchvision ${m.architecture}, ${m.image_size}px`;
-    case 'hf': return `hf ${m.architecture}${m.num_hidden_layers ? ` ${m.num_hidden_layers} layers` : ''}${m.seq_len ? `, seq ${m.seq_len}` : ''}${m.image_size ? `, ${m.image_size}px` : ''}`;
-    default: return `${m.kind || '?'} ${m.depth ?? ''}`.trim();
+    case 'hf': return `hf ${m.architecture}${raw.num_hidden_layers ? ` ${raw.num_hidden_layers} layers` : ''}${raw.seq_len ? `, seq ${raw.seq_len}` : ''}${raw.image_size ? `, ${raw.image_size}px` : ''}`;
+    default: return `${raw.kind || '?'} ${raw.depth ?? ''}`.trim();
   }
 }
 

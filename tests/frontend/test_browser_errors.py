@@ -93,6 +93,14 @@ def test_invalid_value_shows_field_error(
     expect(page.locator("#f-mlp-width")).to_have_attribute("aria-invalid", "true")
     page.fill("#f-mlp-width", "64")
 
+    # An emptied number field says it is required, before anything is sent.
+    page.fill("#f-mlp-depth", "")
+    expect(page.locator("#run-count")).to_contain_text("mlp ?×64")
+    page.click("#submit")
+    expect(page.locator(".field:has(#f-mlp-depth) .field-error")).to_have_text("required: type a number")
+    assert _count(app_url) == before
+    page.fill("#f-mlp-depth", "8")
+
     _assert_local_only(app_url, requested_urls)
     assert not page_errors, page_errors
 
