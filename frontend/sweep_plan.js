@@ -78,12 +78,13 @@ function render(spec, axes, r) {
   const total = plan.total;
   const runs = plan.runs.filter((x) => !x.baseline).length;
   const baselines = total - runs;
+  const skipped = plan.invalid.filter((i) => !i.baseline).length + (plan.duplicates || 0);
   box.dataset.total = String(total);
   box.replaceChildren(
     el('div', { class: 'big' }, el('strong', { id: 'run-count-total' }, String(total)), total === 1 ? ' experiment' : ' experiments'),
     el('div', { class: 'muted small' }, `${modelLabel(spec)} · batch ${spec.batch_size ?? 'varied'} · ${spec.steps ?? '?'} steps on ${spec.device}`),
     el('div', { class: 'small' },
-      `${plural(runs, ['run', 'runs'])} (${factors.join(' × ')}) + ${plural(baselines, ['baseline', 'baselines'])} `,
+      `${plural(runs, ['run', 'runs'])} (${factors.join(' × ')}${skipped ? `, ${skipped} not queued: see below` : ''}) + ${plural(baselines, ['baseline', 'baselines'])} `,
       el('span', { class: 'muted' }, `(strategy none, one per ${plan.baselines > 1 ? 'combination of AMP / batch size' : 'sweep'}`
         + `${plan.repeats ? ', run first and again last so that drift shows' : ''})`)),
   );

@@ -131,6 +131,11 @@ def test_invalid_sweep_values_show_field_errors(
     page.click("#submit")
     expect(list_error.first).to_contain_text("must not exceed model.depth")
 
+    # One invalid combination of three: the count says why it is two runs, not three.
+    list_input.fill("2,4,32")
+    expect(page.locator("#run-count")).to_contain_text("2 runs (3 segment counts, 1 not queued: see below)")
+    expect(page.locator("#plan-notes")).to_contain_text("1 combination is invalid")
+
     # A bad base value: ["body", "base", "model", "mlp", "width"] lands on the width input.
     list_input.fill("2,4")
     expect(list_error).to_have_count(0)
