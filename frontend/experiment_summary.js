@@ -103,7 +103,7 @@ export function renderSummary(exp, baseline) {
         el('span', { class: 'value', id: 'm-time' }, fmtMs(s.step_time_ms)),
         b && !isBaseline ? overheadDelta(baseline.comparison) : null),
       el('div', { class: 'metric' }, el('span', { class: 'label' }, 'Gradients'),
-        el('span', { class: 'value', id: 'm-grad' }, gradBadge(s.gradients_match ?? null, s.grad_max_abs_diff))),
+        el('span', { class: 'value', id: 'm-grad' }, gradBadge(s.gradients_match ?? null, s.grad_max_abs_diff, s.gradient_verdict))),
     );
     let baselineEntry;
     if (isBaseline) baselineEntry = ['Baseline', 'this run is a baseline (no checkpointing)'];

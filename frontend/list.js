@@ -72,7 +72,7 @@ function experimentRow(exp) {
     bytesCell(s.activation_bytes),
     bytesCell(s.peak_allocated_bytes),
     el('td', { class: 'num' }, fmtMs(s.step_time_ms)),
-    el('td', null, exp.status === STATUS.SUCCEEDED ? gradBadge(s.gradients_match ?? null, s.grad_max_abs_diff) : ''),
+    el('td', null, exp.status === STATUS.SUCCEEDED ? gradBadge(s.gradients_match ?? null, s.grad_max_abs_diff, s.gradient_verdict) : ''),
     el('td', null, exp.sweep_id ? el('a', { href: `#/sweeps/${exp.sweep_id}` }, `#${exp.sweep_id}`) : ''),
     el('td', { title: fmtDate(exp.created_at), class: 'muted' }, fmtAgo(exp.created_at)),
   );

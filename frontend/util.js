@@ -178,7 +178,10 @@ export function statusBadge(status) {
 }
 
 /** Correctness of a run's gradients: match / differ / not verified. */
-export function gradBadge(match, diff) {
+export function gradBadge(match, diff, verdict = null) {
+  if (verdict && verdict.startsWith('undetermined')) {
+    return el('span', { class: 'badge neutral', title: 'every reference gradient is below 1e-20: nothing to compare' }, verdict);
+  }
   if (match === true) return el('span', { class: 'badge ok', title: `max |Δgrad| = ${fmtDiff(diff)}` }, '✓ match');
   if (match === false) return el('span', { class: 'badge bad', title: `max |Δgrad| = ${fmtDiff(diff)}` }, '✗ differ');
   return el('span', { class: 'badge neutral' }, 'not verified');

@@ -121,3 +121,36 @@ def test_the_panel_names_the_servers_pick_when_the_raw_fastest_run_is_inside_the
     expect(page.locator("#sweep-runs tbody tr.recommended")).to_have_count(1)
     expect(page.locator("#recommend-reason")).to_contain_text("simpler settings win ties within the noise")
     assert not page_errors, page_errors
+
+
+def test_an_undetermined_gradient_verdict_is_shown_as_such(app, page: Page, page_errors: list[str]) -> None:
+    from ckptlab.db import store
+    from ckptlab.db.database import make_engine, make_sessionmaker
+    from ckptlab.settings import Settings
+    from tests.factories import make_spec
+
+    engine = make_engine(Settings(data_dir=app.data_dir).resolved_database_url)
+    try:
+        with make_sessionmaker(engine)() as s:
+            exp = store.create_experiment(
+                s, spec=make_spec(**{"checkpoint.strategy": "per_block"}), status="running", worker_id="t:1"
+            )
+            from ckptlab.db import queue
+
+            queue.finish_experiment(
+                s,
+                experiment_id=exp.id,
+                status="succeeded",
+                summary={
+                    "activation_bytes": 1024,
+                    "peak_allocated_bytes": 4096,
+                    "gradients_match": None,
+                    "gradient_verdict": "undetermined: vanishing gradients",
+                    "grad_max_abs": 1e-25,
+                },
+            )
+    finally:
+        engine.dispose()
+    page.goto(f"{app.url}/#/experiments/{exp.id}")
+    expect(page.locator("#m-grad")).to_have_text("undetermined: vanishing gradients")
+    assert not page_errors, page_errors
