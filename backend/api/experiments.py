@@ -36,6 +36,10 @@ from ckptlab.db.models import Experiment
 from ckptlab.limits import limit_errors
 from ckptlab.spec import MODEL_KINDS, STRATEGIES, ExperimentSpec
 
+#: Largest attempt number: ``steps.attempt`` and ``experiments.attempt`` are 32-bit columns
+#: (a worker would need 2**31 claims to reach it); beyond it, the same 422 on both databases.
+MAX_ATTEMPT = 2**31 - 1
+
 router = APIRouter(prefix="/experiments", tags=["experiments"])
 
 #: The largest ``max_points`` the schema admits (a server may cap lower: series_max_points).
@@ -152,7 +156,8 @@ def list_steps(
     experiment_id: ExperimentId,
     format: Annotated[Format, Query(description="csv streams one row per step")] = "json",
     attempt: Annotated[
-        int | None, Query(ge=1, le=MAX_ID, description="an earlier (lost) attempt; default: the current one")
+        int | None,
+        Query(ge=1, le=MAX_ATTEMPT, description="an earlier (lost) attempt; default: the current one"),
     ] = None,
 ):
     """The steps of the experiment's current attempt (or of ``attempt``), by step: times in ms,
