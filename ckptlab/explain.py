@@ -10,6 +10,7 @@ from typing import Any
 
 from ckptlab.domain import MemoryCategory
 from ckptlab.spec import ExperimentSpec
+from ckptlab.strategies import BASELINE, Mechanism, get_strategy
 
 __all__ = ["format_bytes", "peak_sentence", "findings", "FINDING_CODES", "SAVING_THRESHOLD", "SAVING_FLOOR_BYTES"]
 
@@ -23,8 +24,10 @@ SAVING_FLOOR_BYTES = 4096
 
 #: Every finding's code and what it means.
 FINDING_CODES = {
-    "offload_on_cpu": "strategy offload on a CPU run moves nothing: activations already live in host memory",
-    "sequential_equals_none": "sequential with one segment checkpoints nothing: it is strategy none",
+    "offload_on_cpu": "offloading on a CPU run moves nothing: activations already live in host memory",
+    # The code keeps its first name (stored summaries carry it); it fires for any strategy
+    # whose setting wraps no block, sequential with one segment being the usual one.
+    "sequential_equals_none": "the setting checkpoints no block: it is the same as no checkpointing",
     "checkpointing_saves_nothing": "the setting keeps as many activation bytes as no checkpointing",
     "checkpointing_keeps_more": "the setting keeps more activation bytes than no checkpointing",
     "peak_not_in_activations": "the peak holds no activations: checkpointing cannot lower it",
@@ -93,12 +96,16 @@ def findings(spec: ExperimentSpec, summary: Mapping[str, Any]) -> list[dict[str,
     def add(code: str, message: str) -> None:
         out.append({"code": code, "message": message})
 
-    if ck.strategy == "offload" and str(summary.get("device", "")).startswith("cpu"):
-        add("offload_on_cpu", f"{FINDING_CODES['offload_on_cpu']}; measure offload on a CUDA device")
-    if ck.strategy == "sequential" and ck.segments == 1:
-        add("sequential_equals_none", f"{FINDING_CODES['sequential_equals_none']}; use 2 or more segments")
+    strategy = get_strategy(ck.strategy)
+    baseline = ck.strategy == BASELINE
+    if strategy.mechanism == Mechanism.SAVE_ON_CPU and str(summary.get("device", "")).startswith("cpu"):
+        add("offload_on_cpu", f"{FINDING_CODES['offload_on_cpu']}; measure {ck.strategy} on a CUDA device")
+    if not baseline and not strategy.groups(spec.model.depth, ck):
+        advice = "; use 2 or more segments" if "segments" in strategy.fields else ""
+        label = strategy.label_for(ck.model_dump())
+        add("sequential_equals_none", f"{label}: {FINDING_CODES['sequential_equals_none']}{advice}")
     act, ref = summary.get("activation_bytes"), summary.get("reference_activation_bytes")
-    if ck.strategy != "none" and act is not None and ref:
+    if not baseline and act is not None and ref:
         margin = max(SAVING_THRESHOLD * ref, SAVING_FLOOR_BYTES)
         if act > ref + margin:
             add(
@@ -116,7 +123,7 @@ def findings(spec: ExperimentSpec, summary: Mapping[str, Any]) -> list[dict[str,
             )
     peak = summary.get("peak_allocated_bytes")
     at_peak = summary.get("activation_bytes_at_peak")
-    if ck.strategy != "none" and peak and at_peak is not None and at_peak <= SAVING_THRESHOLD * peak:
+    if not baseline and peak and at_peak is not None and at_peak <= SAVING_THRESHOLD * peak:
         phase = _PHASE_WORDS.get(summary.get("peak_phase") or "", "its phase")
         add("peak_not_in_activations", f"{FINDING_CODES['peak_not_in_activations']} (the peak is in {phase})")
     growth = summary.get("memory_growth_bytes_per_step")

@@ -3,13 +3,7 @@
 Both processes import this module: the backend validates requests with it and the worker
 builds the run from it. It never imports torch.
 
-Example (JSON)::
-
-    {"model": {"kind": "mlp", "depth": 32, "width": 1024, "dropout": 0.0},
-     "batch_size": 64, "steps": 5, "warmup_steps": 1,
-     "checkpoint": {"strategy": "sequential", "segments": 4,
-                    "use_reentrant": false, "preserve_rng_state": true},
-     "amp": "off", "optimizer": "adam", "device": "auto", "seed": 0}
+Example: :data:`ckptlab.presets.EXAMPLE_SPEC` (the API's example request).
 """
 
 from __future__ import annotations
@@ -17,11 +11,12 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, StrictBool, model_validator
+from pydantic import AfterValidator, Field, StrictBool, model_validator
 
 from ckptlab.spec_base import SpecInt, _field_error, _Strict
 from ckptlab.spec_hf import HFModelSpec
 from ckptlab.spec_torchvision import TorchvisionModelSpec
+from ckptlab.strategies import BASELINE, SelectivePolicy, get_strategy, strategy_names
 
 __all__ = [
     "MLPSpec",
@@ -35,16 +30,11 @@ __all__ = [
     "ModelSpec",
     "CheckpointSpec",
     "ExperimentSpec",
-    "EXAMPLE_SPEC",
-    "STRATEGIES",
-    "SELECTIVE_POLICIES",
+    "StrategyName",
     "MODEL_KINDS",
     "find_unstorable",
 ]
 
-STRATEGIES = ("none", "sequential", "per_block", "selective", "offload")
-#: Named policies for strategy ``selective`` (see ``worker.strategies``).
-SELECTIVE_POLICIES = ("save_matmuls", "save_matmuls_and_attention", "recompute_all")
 MODEL_KINDS = ("mlp", "resnet", "transformer", "densenet", "custom", "python", "hf", "torchvision")
 #: Largest ``memory_limit_bytes`` a spec may give: 1 PiB, above any device or host.
 MAX_MEMORY_LIMIT_BYTES = 2**50
@@ -202,11 +192,27 @@ ModelSpec = Annotated[
 ]
 
 
+def _known_strategy(name: str) -> str:
+    get_strategy(name)  # ValueError naming the known ones
+    return name
+
+
+def _strategy_enum(schema: dict[str, Any]) -> None:
+    # Read at schema time, so a strategy registered after import is in the schema too.
+    schema["enum"] = strategy_names()
+
+
+#: ``checkpoint.strategy``: a name in the strategy table (:mod:`ckptlab.strategies`), checked
+#: against the table as it is when a spec is validated.
+StrategyName = Annotated[str, AfterValidator(_known_strategy), Field(json_schema_extra=_strategy_enum)]
+
+
 class CheckpointSpec(_Strict):
     """How the block list is checkpointed.
 
     Args:
-        strategy: ``none`` keeps every activation; ``sequential`` splits the blocks as
+        strategy: a name in :data:`ckptlab.strategies.STRATEGIES`. The built-ins: ``none``
+            keeps every activation; ``sequential`` splits the blocks as
             ``torch.utils.checkpoint.checkpoint_sequential`` does (``len // segments``
             blocks per segment, the last segment not checkpointed); ``per_block``
             checkpoints every group of ``every`` blocks (Megatron's "uniform");
@@ -225,10 +231,10 @@ class CheckpointSpec(_Strict):
             match the first forward. Default: True.
     """
 
-    strategy: Literal["none", "sequential", "per_block", "selective", "offload"] = "none"
+    strategy: StrategyName = BASELINE
     segments: SpecInt = Field(1, ge=1, description="segments for strategy 'sequential'")
     every: SpecInt = Field(1, ge=1, description="blocks per checkpointed group for 'per_block' and 'selective'")
-    policy: Literal["save_matmuls", "save_matmuls_and_attention", "recompute_all"] = "save_matmuls"
+    policy: Annotated[SelectivePolicy, Field(strict=False)] = SelectivePolicy.SAVE_MATMULS
     use_reentrant: StrictBool = False
     preserve_rng_state: StrictBool = True
 
@@ -327,31 +333,29 @@ class ExperimentSpec(_Strict):
                 f"warmup_steps ({self.warmup_steps}) must be less than steps ({self.steps})",
             )
         ck = self.checkpoint
-        if ck.strategy == "sequential" and ck.segments > self.model.depth:
-            raise _field_error(
-                ("checkpoint", "segments"),
-                ck.segments,
-                f"segments ({ck.segments}) must not exceed model.depth ({self.model.depth})",
-            )
-        if ck.strategy in ("per_block", "selective") and ck.every > self.model.depth:
-            raise _field_error(
-                ("checkpoint", "every"),
-                ck.every,
-                f"every ({ck.every}) must not exceed model.depth ({self.model.depth})",
-            )
+        strategy = get_strategy(ck.strategy)
+        for name in ("segments", "every"):
+            value = getattr(ck, name)
+            if name in strategy.fields and value > self.model.depth:
+                raise _field_error(
+                    ("checkpoint", name),
+                    value,
+                    f"{name} ({value}) must not exceed model.depth ({self.model.depth})",
+                )
         model = self.model
-        if isinstance(model, HFModelSpec) and model.arch.attention and ck.use_reentrant and ck.strategy != "none":
+        if isinstance(model, HFModelSpec) and model.arch.attention and ck.use_reentrant and strategy.recomputes:
             raise _field_error(
                 ("checkpoint", "use_reentrant"),
                 ck.use_reentrant,
                 f"hf {model.architecture} layers take keyword tensor arguments (attention masks, position "
                 "embeddings), which reentrant checkpoint cannot take (torch.utils.checkpoint); use use_reentrant false",
             )
-        if ck.strategy == "selective" and ck.use_reentrant:
+        if strategy.needs_non_reentrant and ck.use_reentrant:
             raise _field_error(
                 ("checkpoint", "use_reentrant"),
                 ck.use_reentrant,
-                "strategy 'selective' needs use_reentrant false (PyTorch: context_fn requires use_reentrant=False)",
+                f"strategy {ck.strategy!r} needs use_reentrant false "
+                "(PyTorch: context_fn requires use_reentrant=False)",
             )
         return self
 
@@ -380,21 +384,3 @@ def find_unstorable(value: Any, loc: tuple[str | int, ...] = ()) -> tuple[tuple,
             if found:
                 return found
     return None
-
-
-EXAMPLE_SPEC: dict[str, Any] = {
-    "model": {"kind": "mlp", "depth": 32, "width": 1024, "dropout": 0.0},
-    "batch_size": 64,
-    "steps": 5,
-    "warmup_steps": 1,
-    "checkpoint": {
-        "strategy": "sequential",
-        "segments": 4,
-        "use_reentrant": False,
-        "preserve_rng_state": True,
-    },
-    "amp": "off",
-    "optimizer": "adam",
-    "device": "auto",
-    "seed": 0,
-}

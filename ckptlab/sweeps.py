@@ -28,6 +28,7 @@ from ckptlab.hf import HF_ARCHITECTURES
 from ckptlab.limits import limit_errors
 from ckptlab.settings import Settings
 from ckptlab.spec import MODEL_KINDS, ExperimentSpec
+from ckptlab.strategies import BASELINE
 
 __all__ = [
     "SweepError",
@@ -38,17 +39,22 @@ __all__ = [
     "set_path",
     "is_checkpoint_axis",
     "axis_label",
+    "AXIS_NAMES",
     "plan_sweep",
 ]
 
 CHECKPOINT_PREFIX = "checkpoint."
-_SHORT_NAMES = {
-    "checkpoint.preserve_rng_state": "rng",
-    "checkpoint.use_reentrant": "reentrant",
-    "checkpoint.segments": "segments",
-    "checkpoint.strategy": "strategy",
-    "checkpoint.every": "every",
-    "checkpoint.policy": "policy",
+#: How the well-known axes read: path -> (short name in labels, one value, several values).
+#: Served by ``GET /api/meta`` (``sweep_axes``); other paths read as their last component.
+AXIS_NAMES: dict[str, tuple[str, str, str]] = {
+    "checkpoint.strategy": ("strategy", "strategy", "strategies"),
+    "checkpoint.segments": ("segments", "segment count", "segment counts"),
+    "checkpoint.every": ("every", "group size", "group sizes"),
+    "checkpoint.policy": ("policy", "policy", "policies"),
+    "checkpoint.preserve_rng_state": ("rng", "RNG setting", "RNG settings"),
+    "checkpoint.use_reentrant": ("reentrant", "reentrant setting", "reentrant settings"),
+    "amp": ("amp", "AMP mode", "AMP modes"),
+    "batch_size": ("batch_size", "batch size", "batch sizes"),
 }
 
 
@@ -157,7 +163,11 @@ def axis_label(values: Mapping[str, Any], paths: Iterable[str] | None = None) ->
         last component. Empty string when there is nothing to show.
     """
     paths = list(values) if paths is None else list(paths)
-    return " ".join(f"{_SHORT_NAMES.get(p, p.rsplit('.', 1)[-1])}={_format_value(values.get(p))}" for p in paths)
+    return " ".join(f"{_short_name(p)}={_format_value(values.get(p))}" for p in paths)
+
+
+def _short_name(path: str) -> str:
+    return AXIS_NAMES[path][0] if path in AXIS_NAMES else path.rsplit(".", 1)[-1]
 
 
 def _members(annotation: Any) -> tuple[list[type[BaseModel]], bool]:
@@ -304,7 +314,7 @@ def plan_sweep(
         return True
 
     for combo in itertools.product(*(axes[p] for p in other)):
-        add({**dict(zip(other, combo, strict=True)), "checkpoint.strategy": "none"}, True)
+        add({**dict(zip(other, combo, strict=True)), "checkpoint.strategy": BASELINE}, True)
     valid = [add(dict(zip(paths, combo, strict=True)), False) for combo in itertools.product(*(axes[p] for p in paths))]
     if not any(valid):
         examples = [e for e in plan.invalid if not e["baseline"]][:5]

@@ -7,7 +7,7 @@
  *   #/sweeps/<id>?budget=2GiB&overhead=20&sort=peak  one sweep: charts, runs, recommendation
  *
  * Modules: util.js (the server's vocabulary, formatting, API), live.js (resumable streams),
- * budget.js (lists, sizes, budgets; no DOM), charts.js (Plotly figures), presets.js,
+ * budget.js (lists, sizes, budgets; no DOM), charts.js (Plotly figures),
  * form.js, sweep_plan.js (the server's dry run), list.js, experiment.js, sweep.js.
  */
 

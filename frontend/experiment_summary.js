@@ -3,7 +3,7 @@
  * the spec, the environment, downloads, and finding / submitting that baseline. */
 
 import {
-  $, RECOMPUTING, STATUS, TERMINAL, api, detailText, el, fmtAgo, fmtBytes, fmtDate, fmtDiff, fmtDuration, fmtInt, fmtMs, fmtPct, gradBadge, kv, statusBadge, strategyLabel,
+  $, BASELINE, STATUS, TERMINAL, api, detailText, el, fmtAgo, fmtBytes, fmtDate, fmtDiff, fmtDuration, fmtInt, fmtMs, fmtPct, gradBadge, kv, recomputes, statusBadge, strategyLabel,
 } from './util.js';
 import { CATEGORIES } from './charts.js';
 
@@ -28,9 +28,9 @@ export function renderSpec(spec, summary = null) {
     ...(summary && summary.model ? [['Profiled', `${summary.model}; blocks ${summary.blocks}`]] : []),
     ['Batch', `${fmtInt(spec.batch_size)}${spec.grad_accum_steps > 1 ? ` × ${spec.grad_accum_steps} accumulated` : ''}`],
     ['Steps', `${spec.steps} (${spec.warmup_steps} warm-up)`],
-    ['Checkpointing', c.strategy === 'sequential' ? `sequential, ${c.segments} segments` : strategyLabel(spec)],
+    ['Checkpointing', strategyLabel(spec)],
   ];
-  if (RECOMPUTING.has(c.strategy)) {
+  if (recomputes(spec)) {
     entries.push(['use_reentrant', String(c.use_reentrant)]);
     entries.push(['preserve_rng_state', String(c.preserve_rng_state)]);
   }
@@ -90,7 +90,7 @@ export function renderSummary(exp, baseline) {
     headline.hidden = true;
   } else {
     const b = baseline && baseline.summary;
-    const isBaseline = (exp.spec.checkpoint || {}).strategy === 'none';
+    const isBaseline = (exp.spec.checkpoint || {}).strategy === BASELINE;
     headline.hidden = false;
     headline.replaceChildren(
       el('div', { class: 'metric' }, el('span', { class: 'label' }, 'Activations'),
@@ -113,7 +113,7 @@ export function renderSummary(exp, baseline) {
       const runs = cmp.baseline_ids.map((id, i) => [i ? ', ' : '', el('a', { href: `#/experiments/${id}` }, `#${id}`)]).flat();
       baselineEntry = ['Overhead vs baseline', el('span', null,
         el('strong', { id: 'exp-overhead' }, !o ? '—' : o.measurable ? fmtPct(o.estimate_pct) : 'no measurable difference'),
-        ' step time against ', ...runs, ' (strategy none)',
+        ' step time against ', ...runs, ` (strategy ${BASELINE})`,
         cmp.overhead_text ? el('span', { class: 'muted', id: 'exp-overhead-ci' }, ` · ${cmp.overhead_text}`) : null)];
     } else {
       baselineEntry = ['Overhead vs baseline', el('span', null, 'no succeeded baseline with this spec yet ',
@@ -212,7 +212,7 @@ export function renderDownloads(exp) {
 async function submitBaseline(spec, button) {
   button.disabled = true;
   const body = JSON.parse(JSON.stringify(spec));
-  body.checkpoint = { ...(body.checkpoint || {}), strategy: 'none' };
+  body.checkpoint = { ...(body.checkpoint || {}), strategy: BASELINE };
   try {
     const r = await api('/api/experiments', { json: body });
     if (r.ok && r.body) location.hash = `#/experiments/${r.body.id}`;
@@ -231,7 +231,7 @@ async function submitBaseline(spec, button) {
  * (overhead and its 95% CI) under `comparison`. Null for a baseline, or without one.
  */
 export async function findBaseline(exp) {
-  if ((exp.spec.checkpoint || {}).strategy === 'none') return null;
+  if ((exp.spec.checkpoint || {}).strategy === BASELINE) return null;
   try {
     const r = await api(`/api/experiments/${exp.id}/comparison`);
     if (!r.ok || !r.body || !r.body.baseline_ids.length) return null;

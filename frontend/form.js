@@ -2,10 +2,14 @@
  * number of runs before submitting, and 422 errors shown next to the field they name. */
 
 import './form_view.js';
-import { $, MODEL_KINDS, STRATEGIES, api, detailText, el, modelLabel, setHashParams, strategyLabel, syncOptions } from './util.js';
+import {
+  $, BASELINE, META, MODEL_KINDS, STRATEGIES, STRATEGY, api, detailText, el, modelLabel, setHashParams, strategyLabel, syncOptions,
+} from './util.js';
 import { readAxes as readAxesOf, readSpec as readSpecOf } from './form_read.js';
 import { fillHf, initHfFields, resetHf } from './form_hf.js';
-import { PRESETS } from './presets.js';
+
+/** The presets (ckptlab/presets.py): name -> {spec, axes}. */
+const PRESETS = META.presets;
 import { autoName, dropPendingPlan, showSweepPlan } from './sweep_plan.js';
 
 const form = $('experiment-form');
@@ -41,8 +45,15 @@ function syncVisibility() {
   } else {
     strategies.add($('checkpoint.strategy').value);
   }
-  for (const node of form.querySelectorAll('[data-strategies]')) {
-    const on = node.dataset.strategies.split(' ').some((s) => strategies.has(s));
+  // Every axis's base field is sent unless hidden below or set by a ticked axis.
+  for (const toggle of form.querySelectorAll('[data-axis]')) {
+    const base = form.querySelector(`[name="${toggle.dataset.axis}"]`);
+    if (base) base.disabled = false;
+  }
+  // A checkpoint field shows when a chosen strategy reads it (the strategy table's fields).
+  const fields = new Set([...strategies].flatMap((s) => (STRATEGY.get(s) ? STRATEGY.get(s).fields : [])));
+  for (const node of form.querySelectorAll('[data-ck-fields]')) {
+    const on = node.dataset.ckFields.split(' ').some((f) => fields.has(f));
     node.hidden = !on;
     for (const c of node.querySelectorAll('input, select')) c.disabled = !on;
   }
@@ -56,10 +67,6 @@ function syncVisibility() {
       base.closest('.field').classList.add('by-axis');
     }
   }
-  for (const name of ['checkpoint.strategy', 'amp', 'batch_size']) {
-    const c = form.querySelector(`[name="${name}"]`);
-    if (!c.closest('.field').classList.contains('by-axis')) c.disabled = false;
-  }
   form.classList.toggle('is-sweep', isSweep());
   for (const axis of form.querySelectorAll('.axis')) {
     const toggle = axis.querySelector('[data-axis]');
@@ -69,17 +76,30 @@ function syncVisibility() {
   $('sweep-name').disabled = !isSweep();
 }
 
-/** Ticking an axis whose knob the base strategy ignores switches the strategy to one that uses it. */
+/** Ticking an axis whose knob the base strategy ignores switches the strategy to the
+ * simplest one that reads it (the strategy table's fields and rank). */
 function onAxisToggle(toggle) {
-  if (!toggle.checked || $('axis-strategy').checked) return;
+  const path = toggle.dataset.axis;
+  if (!toggle.checked || $('axis-strategy').checked || !path.startsWith('checkpoint.')) return;
+  const field = path.slice('checkpoint.'.length);
   const strategy = $('checkpoint.strategy');
-  if (toggle.dataset.axis === 'checkpoint.segments' && strategy.value !== 'sequential') strategy.value = 'sequential';
-  if (toggle.dataset.axis === 'checkpoint.every' && !['per_block', 'selective'].includes(strategy.value)) {
-    strategy.value = 'per_block';
-  }
-  if (['checkpoint.preserve_rng_state', 'checkpoint.use_reentrant'].includes(toggle.dataset.axis) && strategy.value === 'none') {
-    strategy.value = 'sequential';
-  }
+  const reads = (name) => STRATEGY.has(name) && STRATEGY.get(name).fields.includes(field);
+  if (reads(strategy.value)) return;
+  const first = STRATEGIES.find(reads);
+  if (first) strategy.value = first;
+}
+
+/** The strategy choices, the policy choices and the strategy axis, from the strategy table. */
+function buildStrategyControls() {
+  const select = $('checkpoint.strategy');
+  select.replaceChildren(...STRATEGIES.map((name) => el('option', { value: name }, `${name} — ${STRATEGY.get(name).summary}`)));
+  select.value = BASELINE;
+  syncOptions($('checkpoint.policy'), META.policies);
+  const swept = STRATEGIES.filter((name) => name !== BASELINE);
+  $('axis-strategy-values').replaceChildren(...swept.map((name) => el('label', null,
+    el('input', { type: 'checkbox', 'data-axis-value': 'checkpoint.strategy', value: name, checked: STRATEGY.get(name).sweep_default }),
+    ` ${name}`)));
+  $('axis-every-hint').textContent = swept.filter((name) => STRATEGY.get(name).fields.includes('every')).join(' and ');
 }
 
 // ------------------------------------------------------------------ run count
@@ -289,7 +309,7 @@ export function fillForm(spec, { axes } = {}) {
   if (m.kind === 'hf') fillHf(m);
   else for (const c of group.querySelectorAll('[name]')) setControl(c, m[c.name.slice('model.'.length)]);
   const ck = spec.checkpoint || {};
-  $('checkpoint.strategy').value = ck.strategy || 'none';
+  $('checkpoint.strategy').value = ck.strategy || BASELINE;
   for (const key of ['segments', 'every', 'policy', 'use_reentrant', 'preserve_rng_state']) {
     setControl($(`checkpoint.${key}`), ck[key]);
   }
@@ -322,7 +342,7 @@ export function initForm(opts) {
   navigate = opts.navigate || navigate;
   onSweepCreated = opts.onSweepCreated || onSweepCreated;
   syncOptions($('model.kind'), MODEL_KINDS);
-  syncOptions($('checkpoint.strategy'), STRATEGIES);
+  buildStrategyControls();
   initHfFields();
   form.addEventListener('submit', onSubmit);
   form.addEventListener('input', (e) => {

@@ -5,7 +5,7 @@
 
 import {
   $, META, STATUS, STATUSES, TERMINAL, api, debounce, el, flagLabel, fmtAgo, fmtBytes, fmtDate, fmtInt, fmtMs, gradBadge,
-  modelLabel, parseHash, setHashParams, statusBadge, strategyLabel,
+  modelLabel, parseHash, setHashParams, shortName, statusBadge, strategyLabel, valueText,
 } from './util.js';
 import { LiveStream } from './live.js';
 
@@ -137,7 +137,7 @@ function progressCell(p, cancelled) {
 
 function axesText(axes) {
   return Object.entries(axes || {})
-    .map(([p, vs]) => `${p.replace('checkpoint.', '').replace('preserve_rng_state', 'rng').replace('use_reentrant', 'reentrant')} ${vs.map((v) => (v === true ? 'on' : v === false ? 'off' : v)).join(',')}`)
+    .map(([p, vs]) => `${shortName(p)} ${vs.map(valueText).join(',')}`)
     .join(' × ');
 }
 

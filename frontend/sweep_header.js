@@ -1,28 +1,9 @@
 /* The sweep page's header: name, axes, progress bar and counts per status, invalid
- * combinations; and the short names of axis paths and values the page shows. */
+ * combinations. */
 
-import { $, STATUS, STATUSES, api, el, fmtDate, modelLabel } from './util.js';
+import { $, STATUS, STATUSES, api, el, fmtDate, modelLabel, shortName, valueText } from './util.js';
 
-const SHORT = {
-  'checkpoint.preserve_rng_state': 'rng',
-  'checkpoint.use_reentrant': 'reentrant',
-  'checkpoint.segments': 'segments',
-  'checkpoint.strategy': 'strategy',
-  'checkpoint.every': 'every',
-  'checkpoint.policy': 'policy',
-};
-
-
-export function shortName(path) {
-  return SHORT[path] || path.split('.').pop();
-}
-
-export function valueText(v) {
-  if (v === true) return 'on';
-  if (v === false) return 'off';
-  if (v === null || v === undefined) return '—';
-  return typeof v === 'object' ? JSON.stringify(v) : String(v);
-}
+export { shortName, valueText };
 
 export function num(v) {
   return typeof v === 'number' && Number.isFinite(v) ? v : null;

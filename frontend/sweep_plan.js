@@ -2,8 +2,7 @@
  * (POST /api/sweeps?dry_run=true), so the count shown is the count queued. A newer request
  * makes older answers stale; they are dropped. */
 
-import { $, api, el, modelLabel } from './util.js';
-import { AXIS_NAMES } from './presets.js';
+import { $, AXIS_NAMES, api, el, modelLabel, shortName, valueText } from './util.js';
 
 let latest = 0;
 let timer = null;
@@ -14,13 +13,13 @@ function plural(n, pair) {
 
 function valuesText(values) {
   return Object.entries(values)
-    .map(([p, v]) => `${p.replace('checkpoint.', '')}=${typeof v === 'boolean' ? (v ? 'on' : 'off') : v}`)
+    .map(([p, v]) => `${shortName(p)}=${valueText(v)}`)
     .join(' ');
 }
 
 /** The default name of a sweep: the model and the axes varied ("MLP 8×64 · segment × AMP"). */
 export function autoName(spec, axes) {
-  const names = Object.keys(axes).map((p) => (AXIS_NAMES[p] ? AXIS_NAMES[p][0].split(' ')[0] : p.split('.').pop()));
+  const names = Object.keys(axes).map((p) => (AXIS_NAMES[p] ? AXIS_NAMES[p][1].split(' ')[0] : p.split('.').pop()));
   return `${modelLabel(spec)} · ${names.join(' × ') || 'sweep'}`;
 }
 
@@ -58,7 +57,7 @@ function render(spec, axes, r) {
   const notes = $('plan-notes');
   const button = $('submit');
   const paths = Object.keys(axes);
-  const factors = paths.map((p) => plural(axes[p].length, AXIS_NAMES[p] || ['value', 'values']));
+  const factors = paths.map((p) => plural(axes[p].length, AXIS_NAMES[p] ? AXIS_NAMES[p].slice(1) : ['value', 'values']));
   if (!r.ok) {
     const detail = Array.isArray(r.body?.detail) ? r.body.detail : [{ type: '', msg: String(r.body?.detail ?? r.status) }];
     const tooLarge = detail.find((e) => e.type === 'sweep_too_large');

@@ -4,9 +4,6 @@
 
 export const MIB = 1024 * 1024;
 
-/** Strategies that recompute through torch.utils.checkpoint (where the flags matter). */
-export const RECOMPUTING = new Set(['sequential', 'per_block', 'selective']);
-
 /** Okabe-Ito: distinguishable with the common forms of colour blindness. */
 export const OKABE_ITO = {
   black: '#000000',
@@ -136,21 +133,25 @@ export function modelLabel(spec) {
   }
 }
 
-/** "sequential (4)": the strategy and its parameter. */
+/** "sequential (4)": the strategy's label template (strategy table) filled from the spec. */
 export function strategyLabel(spec) {
+  const c = { strategy: BASELINE, ...((spec && spec.checkpoint) || {}) };
+  const entry = STRATEGY.get(c.strategy);
+  if (!entry) return String(c.strategy);
+  return entry.label.replace(/\{(\w+)\}/g, (_, key) => (c[key] === undefined ? '?' : String(c[key])));
+}
+
+/** Whether a spec's strategy recomputes through torch.utils.checkpoint (the flags matter). */
+export function recomputes(spec) {
   const c = (spec && spec.checkpoint) || {};
-  switch (c.strategy) {
-    case 'sequential': return `sequential (${c.segments})`;
-    case 'per_block': return `per_block (every ${c.every})`;
-    case 'selective': return `selective (${c.policy}, every ${c.every})`;
-    default: return String(c.strategy || 'none');
-  }
+  const entry = STRATEGY.get(c.strategy || BASELINE);
+  return Boolean(entry && entry.recomputes);
 }
 
 /** yes/no for a checkpoint flag; a dash when nothing is recomputed (the flag is unused). */
 export function flagLabel(spec, key) {
   const c = (spec && spec.checkpoint) || {};
-  if (!RECOMPUTING.has(c.strategy)) return '—';
+  if (!recomputes(spec)) return '—';
   return c[key] ? 'on' : 'off';
 }
 
@@ -309,8 +310,8 @@ async function loadMeta() {
   }
 }
 
-/** {statuses: [{name, finished}], memory_categories, model_kinds, strategies, policies,
- *  series_metrics, chart_names, max_sweep_size, spec_schema} */
+/** {statuses: [{name, finished}], memory_categories, model_kinds, strategies, strategy_table,
+ *  policies, sweep_axes, presets, series_metrics, chart_names, max_sweep_size, spec_schema, ...} */
 export const META = await loadMeta();
 
 /** Status names by upper-case member name: STATUS.SUCCEEDED, STATUS.RUNNING, ... */
@@ -321,6 +322,25 @@ export const STATUSES = META.statuses.map((s) => s.name);
 export const TERMINAL = new Set(META.statuses.filter((s) => s.finished).map((s) => s.name));
 export const MODEL_KINDS = META.model_kinds;
 export const STRATEGIES = META.strategies;
+/** The strategy table (ckptlab/strategies.py) by name: summary, label, fields, recomputes, ... */
+export const STRATEGY = new Map(META.strategy_table.map((s) => [s.name, s]));
+/** The strategy every comparison is made against (keep every activation). */
+export const BASELINE = META.strategy_table.find((s) => s.baseline).name;
+/** Sweep axis names by path: [short name, one value, several values]. */
+export const AXIS_NAMES = META.sweep_axes;
+
+/** "checkpoint.preserve_rng_state" -> "rng" (the server's short name, else the last part). */
+export function shortName(path) {
+  return AXIS_NAMES[path] ? AXIS_NAMES[path][0] : path.split('.').pop();
+}
+
+/** An axis value as the pages show it: on/off, a dash for none, JSON for objects. */
+export function valueText(v) {
+  if (v === true) return 'on';
+  if (v === false) return 'off';
+  if (v === null || v === undefined) return '—';
+  return typeof v === 'object' ? JSON.stringify(v) : String(v);
+}
 
 /**
  * Make a <select>'s options the server's `names`: options already described in the page

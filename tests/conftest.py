@@ -1,4 +1,5 @@
-"""Shared fixtures: one per resource (database, API client, worker process)."""
+"""Shared fixtures: one per resource (database, API client, worker process, a registered
+strategy)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from sqlalchemy.orm import Session
 
 from ckptlab.db.database import make_engine, make_sessionmaker, migrate
 from ckptlab.settings import Settings
+from ckptlab.strategies import Mechanism, Strategy, registered
 from tests.postgres import PostgresCluster, find_pg_bin
 from tests.support import stop_process
 
@@ -146,3 +148,21 @@ def worker_process(database_url: str, data_dir: Path) -> Iterator[subprocess.Pop
     yield proc
     stop_process(proc)
     log.close()
+
+
+@pytest.fixture
+def noop_strategy() -> Iterator[Strategy]:
+    """A strategy added to the table for one test only, the way a new strategy is added
+    (:func:`ckptlab.strategies.register_strategy`): it wraps no block, reads
+    ``preserve_rng_state`` and ranks between sequential and per_block."""
+    noop = Strategy(
+        name="noop_test",
+        summary="wrap no block (a test's strategy)",
+        label="noop_test ({preserve_rng_state})",
+        fields=("preserve_rng_state",),
+        mechanism=Mechanism.KEEP,
+        groups=lambda n, ck: [],
+        rank=15,
+    )
+    with registered(noop):
+        yield noop

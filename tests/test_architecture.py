@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 
 from ckptlab.domain import MemoryCategory
+from ckptlab.strategies import BASELINE, STRATEGIES, SelectivePolicy
+from ckptlab.sweeps import AXIS_NAMES
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("ckptlab", "worker", "backend", "cli")
@@ -120,6 +122,76 @@ def test_memory_category_keys_are_spelled_only_in_the_domain_module() -> None:
             if literal.search(line):
                 hits.append(f"{path}:{n}: {line.strip()}")
     assert not hits, "memory category spelled outside ckptlab/domain.py:\n" + "\n".join(hits)
+
+
+#: Where strategy and policy names may be spelled: the table, and example requests (data).
+STRATEGY_HOMES = {Path("ckptlab/strategies.py"), Path("ckptlab/presets.py")}
+
+
+def _product_files(*patterns: str) -> list[Path]:
+    """Product source files (not tests, bench scripts or migrations) matching ``patterns``."""
+    return [
+        p
+        for p in tracked_files(*patterns)
+        if p.parts[0] not in ("tests", "bench") and "migrations" not in p.parts and p not in STRATEGY_HOMES
+    ]
+
+
+def _python_strings(path: Path) -> list[tuple[int, str]]:
+    """(line, value) of the string constants in ``path``, docstrings left out (prose)."""
+    tree = ast.parse((ROOT / path).read_text())
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    return [
+        (node.lineno, node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+    ]
+
+
+def test_strategy_and_policy_names_are_spelled_only_in_the_strategy_table() -> None:
+    # A name as a string ("sequential", 'save_matmuls') outside the table is a second
+    # vocabulary. The baseline's name ("none") is also a CSS and English word, so it counts
+    # only on a line about a strategy. Docstrings and comments are prose and may name them.
+    names = {n for n in STRATEGIES if n != BASELINE} | {p.value for p in SelectivePolicy}
+    hits = []
+    for path in _product_files("*.py"):
+        lines = (ROOT / path).read_text().splitlines()
+        for n, value in _python_strings(path):
+            if value in names or (value == BASELINE and "strateg" in lines[n - 1].lower()):
+                hits.append(f"{path}:{n}: {lines[n - 1].strip()}")
+    quoted = re.compile(r"""(["'`])(""" + "|".join(map(re.escape, sorted(names))) + r""")\1""")
+    baseline = re.compile(r"""strateg.*(["'`])""" + re.escape(BASELINE) + r"""\1""", re.IGNORECASE)
+    comment = re.compile(r"^\s*(//|\*|/\*|<!--)")
+    for path in _product_files("*.js", "*.html"):
+        for n, line in enumerate((ROOT / path).read_text().splitlines(), 1):
+            if not comment.match(line) and (quoted.search(line) or baseline.search(line)):
+                hits.append(f"{path}:{n}: {line.strip()}")
+    assert not hits, "strategy or policy name spelled outside ckptlab/strategies.py:\n" + "\n".join(hits)
+
+
+def test_the_frontend_holds_no_list_of_strategies_or_axes() -> None:
+    # The form, charts and labels read /api/meta (strategy_table, sweep_axes): an array or
+    # object literal in frontend/ that names two sweep axis paths (a copy of AXIS_NAMES in
+    # ckptlab/sweeps.py) or two strategies is a second list.
+    dotted = [p for p in AXIS_NAMES if "." in p]
+    axis = re.compile(r"""(["'`])(""" + "|".join(map(re.escape, dotted)) + r""")\1""")
+    strategy = re.compile(r"""(["'`])(""" + "|".join(map(re.escape, STRATEGIES)) + r""")\1""")
+    literal = re.compile(r"\[[^\[\]]*\]|\{[^{}]*\}", re.DOTALL)
+    copies = []
+    for path in tracked_files("frontend/*.js", "frontend/*.html"):
+        for span in literal.findall((ROOT / path).read_text()):
+            for pattern in (axis, strategy):
+                found = {m.group(2) for m in pattern.finditer(span)}
+                if len(found) > 1:
+                    copies.append(f"{path}: {sorted(found)}")
+    assert not copies, "a list of strategies or axes in the frontend:\n" + "\n".join(copies)
 
 
 def test_no_source_file_over_the_line_limit() -> None:

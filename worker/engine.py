@@ -30,51 +30,27 @@ pass that follows is numbered on from the last memory step and runs all ``timed_
 
 from __future__ import annotations
 
+import copy
 import math
-import statistics
-import time
 import warnings
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from ckptlab.domain import MemoryCategory
 from ckptlab.explain import findings, peak_sentence
 from ckptlab.spec import ExperimentSpec
-from ckptlab.stats import describe
-from ckptlab.summary import RunSummary, StepRecord
+from ckptlab.summary import RunSummary
 from worker.errors import RunError, RunOutOfMemory
 from worker.gradcheck import verify_gradients
 from worker.hostmem import is_out_of_memory, oom_details
-from worker.memory import CATEGORIES, SimulatedOutOfMemoryError
-from worker.meter import Meter, growth_per_step, memory_is_flat, optimizer_tensors, tag_optimizer_state
+from worker.memory import SimulatedOutOfMemoryError
+from worker.meter import Meter
 from worker.models import Built
-from worker.training import (
-    autocast_for,
-    build_checkpointed,
-    check_supported,
-    environment,
-    make_optimizer,
-    resolve_device,
-)
+from worker.run_context import RunContext, StepCallback
+from worker.training import check_supported, environment, resolve_device
 
 __all__ = ["resolve_device", "run_experiment", "verify_gradients", "environment", "StepCallback"]
-
-StepCallback = Callable[[dict[str, Any]], None]
-
-
-def _optimizer_step(opt: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None) -> None:
-    """``opt.step()``, through ``scaler`` (unscale, skip on inf, update) when AMP fp16 uses one."""
-    if scaler is not None:
-        scaler.step(opt)
-        scaler.update()
-    else:
-        opt.step()
-
-
-def _median(values: list[float]) -> float | None:
-    return statistics.median(values) if values else None
 
 
 def run_experiment(
@@ -83,6 +59,7 @@ def run_experiment(
     on_step: StepCallback | None = None,
     device: str | None = None,
     snapshot_path: str | None = None,
+    model: Built | None = None,
 ) -> dict[str, Any]:
     """Run ``spec`` and return its summary; ``on_step(record)`` gets each step as it ends.
 
@@ -96,6 +73,9 @@ def run_experiment(
         device: overrides ``spec.device`` (e.g. the worker slot's ``cuda:1``). Default: None.
         snapshot_path: where to write the CUDA memory snapshot when ``spec.memory_snapshot``
             is set (a pickle that pytorch.org/memory_viz opens). Default: None.
+        model: a model already built (``ckptlab.profile``'s model in hand): the engine and
+            the gradient check train deep copies of it instead of building ``spec.model``
+            (whose ``depth`` must be its number of blocks). Default: None.
 
     Returns:
         The summary: ``device``, ``device_name``, ``activation_bytes``,
@@ -121,6 +101,7 @@ def run_experiment(
     caught: list[str] = []
     where = {"phase": "setup", "step": 0}
     meter: Meter | None = None
+    build = _copies(model, spec) if model is not None else None
     with warnings.catch_warnings(record=True) as wlist:
         warnings.simplefilter("always")
 
@@ -130,9 +111,9 @@ def run_experiment(
         try:
             dev = resolve_device(device or spec.device)
             check_supported(spec, dev)
-            check = verify_gradients(spec, dev) if spec.verify_gradients else {}
+            check = verify_gradients(spec, dev, build) if spec.verify_gradients else {}
             meter = Meter(dev, spec.memory_limit_bytes)
-            summary = _measure(spec, dev, meter, where, on_step, snapshot_path)
+            summary = _measure(RunContext(spec, dev, meter, where, on_step), build, snapshot_path)
         except RunError as exc:
             exc.warnings = warnings_so_far()
             raise
@@ -163,6 +144,19 @@ def run_experiment(
     return RunSummary.model_validate(_finite_or_none(summary)).dump()
 
 
+def _copies(model: Built, spec: ExperimentSpec) -> Callable[[], Built]:
+    """Fresh deep copies of a model in hand (same weights each call: the gradient check
+    builds two, the engine one).
+
+    Raises:
+        RunError: its number of blocks is not ``spec.model.depth``.
+    """
+    depth = getattr(spec.model, "depth", len(model.blocks))
+    if len(model.blocks) != depth:
+        raise RunError(f"the model has {len(model.blocks)} blocks but model.depth is {depth}")
+    return lambda: copy.deepcopy(model)
+
+
 def _finite_or_none(value: Any) -> Any:
     """``value`` with every non-finite float replaced by None, so the summary is valid JSON
     (a diverged run has a NaN loss and gradient difference)."""
@@ -175,16 +169,11 @@ def _finite_or_none(value: Any) -> Any:
     return value
 
 
-def _measure(
-    spec: ExperimentSpec,
-    dev: torch.device,
-    meter: Meter,
-    where: dict[str, Any],
-    on_step: StepCallback | None,
-    snapshot_path: str | None,
-) -> dict[str, Any]:
-    cuda = meter.cuda
-    if cuda:
+def _measure(run: RunContext, build: Callable[[], Built] | None, snapshot_path: str | None) -> dict[str, Any]:
+    """Set the device up, run the memory pass and the timed pass, put the device back and
+    summarize (see the module docstring)."""
+    spec, dev, meter = run.spec, run.dev, run.meter
+    if meter.cuda:
         if spec.memory_limit_bytes is not None:
             total = torch.cuda.get_device_properties(dev).total_memory
             torch.cuda.set_per_process_memory_fraction(min(1.0, spec.memory_limit_bytes / total), dev)
@@ -193,229 +182,24 @@ def _measure(
             torch.cuda.memory._record_memory_history(max_entries=200_000)
     elif spec.memory_snapshot:
         warnings.warn("memory_snapshot needs CUDA; no snapshot recorded on CPU", stacklevel=2)
-
-    autocast = autocast_for(spec, dev)
-    scaler = torch.amp.GradScaler(dev.type) if spec.amp == "fp16" else None
-    gen = torch.Generator().manual_seed(spec.seed)
-    records: list[dict[str, Any]] = []
-    timed: list[dict[str, Any]] = []
     try:
         with meter.mode():
-            meter.set_category(MemoryCategory.PARAMETERS)
-            built = build_checkpointed(spec, dev, on_recompute=meter.on_recompute)
-            params = list(built.module.parameters())
-            meter.retag(list(params) + list(built.module.buffers()), MemoryCategory.PARAMETERS)
-            meter.set_category(MemoryCategory.OTHER)
-            opt = make_optimizer(spec, params)
-            tag_optimizer_state(opt, meter)
-            for p in params:
-                p.register_post_accumulate_grad_hook(lambda q: meter.retag([q.grad], MemoryCategory.GRADIENTS))
-            for step in range(1, spec.steps + 1):
-                where["step"] = step
-                records.append(_one_step(spec, dev, meter, built, params, opt, scaler, autocast, gen, where))
-                records[-1]["extra"]["pass"] = "memory"
-                if on_step is not None:
-                    on_step(records[-1])
-                if spec.memory_early_stop and memory_is_flat(records, spec.warmup_steps):
-                    break  # every further step would read the same bytes
-            timed_range = range(len(records) + 1, len(records) + spec.timed_steps + 1)
-            if cuda:  # the allocator's statistics cost nothing: timed steps keep their readings
-                for step in timed_range:
-                    where["step"] = step
-                    timed.append(_one_step(spec, dev, meter, built, params, opt, scaler, autocast, gen, where))
-                    timed[-1]["extra"]["pass"] = "timed"
-                    if on_step is not None:
-                        on_step(timed[-1])
-        if not cuda:  # on CPU the timed pass runs with the tracker off (no dispatch mode)
+            run.build(build)
+            run.memory_pass()
+            if meter.cuda:  # the allocator's statistics cost nothing: timed steps keep their readings
+                run.timed_pass()
+        if not meter.cuda:  # on CPU the timed pass runs with the tracker off (no dispatch mode)
             meter.tracking = False
-            for step in timed_range:
-                where["step"] = step
-                timed.append(_timed_step(spec, dev, built, params, opt, scaler, autocast, gen, where))
-                if on_step is not None:
-                    on_step(timed[-1])
+            run.timed_pass()
     finally:
-        if cuda:
+        if meter.cuda:
             if spec.memory_snapshot and snapshot_path:
                 torch.cuda.memory._dump_snapshot(snapshot_path)
             if spec.memory_snapshot:
                 torch.cuda.memory._record_memory_history(enabled=None)
             if spec.memory_limit_bytes is not None:
                 torch.cuda.set_per_process_memory_fraction(1.0, dev)
-
-    measured = records[spec.warmup_steps :] or records
-    peak_rec = max(measured, key=lambda r: r["peak_allocated_bytes"])
-    final_loss = (timed or records)[-1]["loss"]
-    env = environment(dev)
-    summary: dict[str, Any] = {
-        "device": str(dev),
-        "device_name": env["device_name"] if cuda else "cpu",
-        "activation_bytes": int(_median([r["extra"]["activation_bytes"] for r in measured])),
-        "peak_allocated_bytes": peak_rec["peak_allocated_bytes"],
-        "recompute_peak_bytes": max(r["extra"]["recompute_peak_bytes"] for r in measured),
-        **_timing(timed or measured, pass_name="timed" if timed else "memory"),
-        "memory_at_peak": peak_rec["extra"]["memory_at_peak"],
-        "memory_at_forward_end": measured[-1]["extra"]["memory_at_forward_end"],
-        "params_without_grad": max(r["extra"]["params_without_grad"] for r in records),
-        "memory_steps_run": len(records),
-        "memory_steps_requested": spec.steps,
-        "memory_growth_bytes_per_step": growth_per_step(measured),
-        "param_count": sum(p.numel() for p in params),
-        "final_loss": final_loss if math.isfinite(final_loss) else None,
-        **_peak_facts(peak_rec),
-        "environment": env,
-        "torch_version": torch.__version__,
-    }
-    if cuda:
-        summary["reserved_bytes"] = max(r["reserved_bytes"] for r in records)
-        used = [r["extra"]["nvml_used_bytes"] for r in records if r["extra"]["nvml_used_bytes"] is not None]
-        summary["nvml_used_bytes"] = max(used) if used else None
-        if spec.memory_snapshot and snapshot_path:
-            summary["snapshot_path"] = snapshot_path
+    summary = run.summarize()
+    if meter.cuda and spec.memory_snapshot and snapshot_path:
+        summary["snapshot_path"] = snapshot_path
     return summary
-
-
-def _timing(records: list[dict[str, Any]], *, pass_name: str) -> dict[str, Any]:
-    """Medians of the phases over ``records`` and their spread (see :mod:`ckptlab.stats`)."""
-    out: dict[str, Any] = {"timing_pass": pass_name, "timing": {}}
-    for key in ("step_ms", "forward_ms", "backward_ms", "optimizer_ms"):
-        spread = describe([r[key] for r in records])
-        out["timing"][key] = spread.as_dict() if spread else None
-        out["step_time_ms" if key == "step_ms" else key] = spread.median if spread else None
-    out["step_times_ms"] = [r["step_ms"] for r in records]
-    return out
-
-
-def _peak_facts(peak_rec: dict[str, Any]) -> dict[str, Any]:
-    """Where the highest step's peak is (``peak_phase``: forward, backward or optimizer) and
-    ``activation_bytes_at_peak``: the activation bytes live at that peak, the most that any
-    checkpointing can take off it."""
-    extra = peak_rec["extra"]
-    phase = max(("forward", "backward", "optimizer"), key=lambda k: extra[f"{k}_peak_bytes"])
-    return {
-        "peak_phase": phase,
-        "activation_bytes_at_peak": int(extra["memory_at_peak"].get(MemoryCategory.ACTIVATIONS, 0)),
-    }
-
-
-def _timed_step(spec, dev, built: Built, params, opt, scaler, autocast, gen, where) -> dict[str, Any]:
-    """One optimizer step of the timing pass: wall times only, no memory instrumentation
-    (its memory columns are None, explicitly)."""
-    times = {"forward": 0.0, "backward": 0.0, "optimizer": 0.0}
-    loss_total = 0.0
-    for _micro in range(spec.grad_accum_steps):
-        x, y = built.make_batch(spec.batch_size, gen)
-        x, y = x.to(dev), y.to(dev)
-        where["phase"] = "forward"
-        t0 = time.perf_counter()
-        with autocast():
-            out = built.module(x)
-        loss = built.loss_fn(out, y) / spec.grad_accum_steps
-        times["forward"] += (time.perf_counter() - t0) * 1e3
-        where["phase"] = "backward"
-        t1 = time.perf_counter()
-        (scaler.scale(loss) if scaler is not None else loss).backward()
-        times["backward"] += (time.perf_counter() - t1) * 1e3
-        loss_total += float(loss.detach().float())
-        del out, loss, x, y
-    where["phase"] = "optimizer"
-    t2 = time.perf_counter()
-    _optimizer_step(opt, scaler)
-    opt.zero_grad(set_to_none=True)
-    times["optimizer"] += (time.perf_counter() - t2) * 1e3
-    return StepRecord(
-        step=where["step"],
-        forward_ms=times["forward"],
-        backward_ms=times["backward"],
-        optimizer_ms=times["optimizer"],
-        step_ms=sum(times.values()),
-        loss=loss_total,
-        extra={"pass": "timed"},
-    ).record()
-
-
-def _one_step(spec, dev, meter: Meter, built: Built, params, opt, scaler, autocast, gen, where) -> dict[str, Any]:
-    """One optimizer step over ``grad_accum_steps`` micro-batches; returns its record."""
-    probe = meter.probe
-    times = {"forward": 0.0, "backward": 0.0, "optimizer": 0.0}
-    peaks = {"forward": 0, "backward": 0, "optimizer": 0}
-    peak_cats: dict[str, dict[str, int]] = {}
-    meter.recompute_peak = 0
-    loss_total = 0.0
-    first: dict[str, Any] = {}
-
-    def phase_end(name: str, t_start: float) -> None:
-        meter.sync()
-        times[name] += (time.perf_counter() - t_start) * 1e3
-        if probe.peak_bytes >= peaks[name]:
-            peaks[name] = probe.peak_bytes
-            if not meter.cuda:
-                peak_cats[name] = dict(probe.peak_by_category)
-
-    for micro in range(spec.grad_accum_steps):
-        x, y = built.make_batch(spec.batch_size, gen)
-        x, y = x.to(dev), y.to(dev)
-        meter.sync()
-        probe.reset_peak()
-        before = probe.live_bytes
-        where["phase"] = "forward"
-        meter.set_category(MemoryCategory.ACTIVATIONS)
-        t0 = time.perf_counter()
-        with autocast():
-            out = built.module(x)
-        loss = built.loss_fn(out, y) / spec.grad_accum_steps
-        phase_end("forward", t0)
-        meter.set_category(MemoryCategory.OTHER)
-        if micro == 0:
-            live = probe.live_bytes
-            first = {
-                "allocated": live,
-                "activation_bytes": live - before,
-                "at_forward_end": meter.breakdown(params, opt, live, live - before, peak=False),
-            }
-        where["phase"] = "backward"
-        probe.reset_peak()
-        t1 = time.perf_counter()
-        (scaler.scale(loss) if scaler is not None else loss).backward()
-        phase_end("backward", t1)
-        loss_total += float(loss.detach().float())
-        del out, loss, x, y
-
-    missing = sum(p.grad is None for p in params)
-    where["phase"] = "optimizer"
-    probe.reset_peak()
-    t2 = time.perf_counter()
-    _optimizer_step(opt, scaler)
-    if len(opt.state) != meter.optimizer_states_tagged:  # state appears at the first step(s)
-        meter.retag(list(optimizer_tensors(opt)), MemoryCategory.OPTIMIZER_STATE)
-        meter.optimizer_states_tagged = len(opt.state)
-    opt.zero_grad(set_to_none=True)
-    phase_end("optimizer", t2)
-
-    peak_phase = max(peaks, key=lambda k: peaks[k])
-    step_peak = peaks[peak_phase]
-    if meter.cuda:
-        at_peak = meter.breakdown(params, opt, step_peak, step_peak if peak_phase != "optimizer" else 0, peak=True)
-    else:
-        at_peak = peak_cats.get(peak_phase, dict.fromkeys(CATEGORIES, 0))
-    return StepRecord(
-        step=where["step"],
-        forward_ms=times["forward"],
-        backward_ms=times["backward"],
-        optimizer_ms=times["optimizer"],
-        step_ms=sum(times.values()),
-        allocated_bytes=first["allocated"],
-        peak_allocated_bytes=step_peak,
-        reserved_bytes=probe.reserved_bytes if meter.cuda else None,
-        loss=loss_total,
-        extra={
-            "activation_bytes": first["activation_bytes"],
-            "forward_peak_bytes": peaks["forward"],
-            "backward_peak_bytes": peaks["backward"],
-            "optimizer_peak_bytes": peaks["optimizer"],
-            "recompute_peak_bytes": meter.recompute_peak,
-            "memory_at_forward_end": first["at_forward_end"],
-            "memory_at_peak": at_peak,
-            "params_without_grad": missing,
-            "nvml_used_bytes": meter.nvml_used(),
-        },
-    ).record()

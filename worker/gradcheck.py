@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from ckptlab.spec import ExperimentSpec
+from ckptlab.strategies import BASELINE
 from worker.memory import LiveTensorTracker
 from worker.models import Built, build_model
 from worker.strategies import apply_strategy
@@ -46,9 +48,13 @@ def _forward_bytes(dev: torch.device, forward, known: list[torch.Tensor]) -> tup
     return result, tracker.live_bytes - before
 
 
-def verify_gradients(spec: ExperimentSpec, dev: torch.device) -> dict[str, Any]:
+def verify_gradients(
+    spec: ExperimentSpec, dev: torch.device, build: Callable[[], Built] | None = None
+) -> dict[str, Any]:
     """Compare one step's gradients with and without the spec's checkpointing, parameter by
-    parameter, and count the reference's activation bytes.
+    parameter, and count the reference's activation bytes. ``build`` makes a fresh copy of
+    the model (default: :func:`worker.models.build_model` of ``spec.model``; a model in
+    hand passes a deep copy).
 
     Both models start from the same weights (the reference's ``state_dict``), see the same
     first batch and the same RNG seed before forward (so dropout draws the same masks in
@@ -75,9 +81,10 @@ def verify_gradients(spec: ExperimentSpec, dev: torch.device) -> dict[str, Any]:
         checkpointing leaves alive (to tell whether a setting saves anything). The
         gradient fields are None for strategy ``none``.
     """
+    build = build or (lambda: build_model(spec.model))
     autocast = autocast_for(spec, dev)
     torch.manual_seed(spec.seed)
-    ref = build_model(spec.model)
+    ref = build()
     ref.module.to(dev).train()
     x, y = ref.make_batch(spec.batch_size, torch.Generator().manual_seed(spec.seed))
     x, y = x.to(dev), y.to(dev)
@@ -91,7 +98,7 @@ def verify_gradients(spec: ExperimentSpec, dev: torch.device) -> dict[str, Any]:
             out = built.module(x)
         return out, built.loss_fn(out, y)
 
-    if spec.checkpoint.strategy == "none":
+    if spec.checkpoint.strategy == BASELINE:
         _kept, ref_bytes = _forward_bytes(
             dev, lambda: forward(ref), [*ref.module.parameters(), *ref.module.buffers(), x, y]
         )
@@ -102,7 +109,7 @@ def verify_gradients(spec: ExperimentSpec, dev: torch.device) -> dict[str, Any]:
             "gradients_match": None,
             "reference_activation_bytes": ref_bytes,
         }
-    ck = build_model(spec.model)
+    ck = build()
     ck.module.load_state_dict(ref.module.state_dict())
     ck.module.to(dev).train()
     ck_params = list(ck.module.parameters())  # identities survive regrouping

@@ -23,8 +23,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import os
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 
@@ -256,23 +255,6 @@ def _custom(spec: CustomModelSpec) -> Built:
     return _from_factory(found[0].load(), spec.options, depth=spec.depth, label=spec.name)
 
 
-#: Models in hand (``ckptlab.profile``) by target, for this process only: a ``python`` spec
-#: whose target is here is built by calling the function instead of importing anything.
-_IN_HAND: dict[str, Callable[[], Built]] = {}
-
-
-@contextmanager
-def in_hand_model(target: str, build: Callable[[], Built]) -> Iterator[None]:
-    """While active, :func:`build_model` builds a ``python`` spec with this ``target`` by
-    calling ``build()`` (each call must return a fresh copy of the same weights: the
-    gradient check builds the model twice)."""
-    _IN_HAND[target] = build
-    try:
-        yield
-    finally:
-        _IN_HAND.pop(target, None)
-
-
 def _python(spec: PythonModelSpec) -> Built:
     """A model from the factory at ``spec.target`` (``package.module:factory``), imported
     here. Whether it may be imported is decided before: a worker checks its allow-list
@@ -282,11 +264,6 @@ def _python(spec: PythonModelSpec) -> Built:
         ValueError: the module or attribute does not exist, or the factory's result is
             wrong (see :func:`_from_factory`).
     """
-    if spec.target in _IN_HAND:
-        built = _IN_HAND[spec.target]()
-        if len(built.blocks) != spec.depth:
-            raise ValueError(f"model {spec.target!r} has {len(built.blocks)} blocks but model.depth is {spec.depth}")
-        return built
     _see_new_packages()
     module_name, attr = spec.target.split(":")
     try:

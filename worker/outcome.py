@@ -56,6 +56,9 @@ class Job:
         allowed_model_targets: ``python`` model targets this worker may import (its
             ``allowed_model_targets`` setting); None: any (``ckptlab run``, one's own
             process). A target outside them fails the run before anything is imported.
+        model: a model already built in this process (``ckptlab.profile``), trained instead
+            of building ``spec.model`` (:func:`worker.engine.run_experiment`); never sent to
+            a child (None there). Typed loosely: this module does not import torch.
     """
 
     experiment_id: int
@@ -67,6 +70,7 @@ class Job:
     spec: ExperimentSpec | None = None
     memory_limit_bytes: int | None = None
     allowed_model_targets: tuple[str, ...] | None = None
+    model: Any = None
 
 
 def error_text(exc: BaseException) -> str:
@@ -111,7 +115,8 @@ def record_run(Session: sessionmaker[Session], job: Job) -> Status:
     try:
         spec = job.spec or ExperimentSpec.model_validate(spec_json)
         allowed = job.allowed_model_targets
-        if spec.model.kind == "python" and allowed is not None and spec.model.target not in allowed:
+        in_hand = job.model is not None  # nothing is imported for a model in hand
+        if not in_hand and spec.model.kind == "python" and allowed is not None and spec.model.target not in allowed:
             raise RunError(
                 f"python target {spec.model.target!r} is not allowed on this worker; its operator allows "
                 "exact names with CKPTLAB_ALLOWED_MODEL_TARGETS"
@@ -126,7 +131,7 @@ def record_run(Session: sessionmaker[Session], job: Job) -> Status:
             writer.put(rec)
 
         device = engine_device(spec.device, job.device)
-        summary = dict(run_experiment(spec, on_step=on_step, device=device, snapshot_path=snapshot))
+        summary = dict(run_experiment(spec, on_step=on_step, device=device, snapshot_path=snapshot, model=job.model))
         status = Status.SUCCEEDED
         warnings = list(summary.setdefault("warnings", []))
         if job.claimed_at is not None and first_step_at:

@@ -4,8 +4,8 @@ The run is the same as a queued experiment's (memory pass, timing pass, gradient
 executed in the caller's process, and stored like ``ckptlab run`` stores one, so that it
 appears in the dashboard beside the others. The stored spec names the model by its class
 (``{"kind": "python", "target": "module:ClassName", "depth": blocks}``); nothing is
-imported by that name: the model is handed to the engine through
-:func:`worker.models.in_hand_model`.
+imported by that name: the model is handed to the engine
+(:func:`worker.engine.run_experiment`'s ``model``), which trains deep copies of it.
 
 The run is held by this process's in-process worker (``profile:host:pid``,
 :func:`worker.heartbeat.in_process_owner`), which heartbeats while it runs: a dashboard's
@@ -29,7 +29,7 @@ from torch import nn
 from ckptlab.db.queue import finish_experiment
 from ckptlab.domain import Status
 from ckptlab.spec import ExperimentSpec
-from worker.models import in_hand_model
+from ckptlab.strategies import BASELINE
 from worker.profile_model import find_blocks, prepare_model
 
 __all__ = ["profile", "find_blocks"]
@@ -42,7 +42,7 @@ def profile(
     sample: torch.Tensor | Sequence[torch.Tensor] | Mapping[str, torch.Tensor],
     *,
     blocks: nn.Module | str | None = None,
-    strategy: str = "none",
+    strategy: str = BASELINE,
     steps: int = 10,
     timed_steps: int = 20,
     optimizer: str = "adam",
@@ -133,8 +133,8 @@ def profile(
             with Session() as session:
                 exp = create_experiment(session, spec=spec, status=Status.RUNNING, worker_id=worker_id)
             try:
-                with in_hand_model(target, ready.build):
-                    execute_experiment(url, exp.id, exp.attempt, heartbeat=False)  # ours beats
+                # ours beats; the engine trains copies of the model in hand
+                execute_experiment(url, exp.id, exp.attempt, heartbeat=False, model=ready.build())
             except BaseException as exc:  # KeyboardInterrupt included: record it, then raise
                 _record_interrupted(Session, exp.id, exp.attempt, exc)
                 raise

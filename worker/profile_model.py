@@ -138,7 +138,7 @@ def _loss_of(loss_fn: Callable | None, has_targets: bool) -> Callable[[Any, torc
 
 @dataclass
 class ProfiledModel:
-    """A model in hand, ready for :func:`worker.models.in_hand_model`.
+    """A model in hand, ready for :func:`worker.engine.run_experiment` (``model=build()``).
 
     Attributes:
         build: a fresh deep copy wrapped as a :class:`Built` (each call: same weights).

@@ -42,6 +42,7 @@ import os
 import threading
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -72,6 +73,7 @@ def execute_experiment(
     device: str | None = None,
     snapshot_dir: str | None = None,
     heartbeat: bool = True,
+    model: Any = None,
 ) -> Status:
     """Run one claimed experiment in this process and record its steps and outcome.
 
@@ -86,6 +88,8 @@ def execute_experiment(
             :func:`worker.devices.engine_device`. Default: the spec's ``device``.
         snapshot_dir: folder for CUDA memory snapshots. Default: ``<data_dir>/snapshots``.
         heartbeat: heartbeat the experiment's ``worker_id`` while running (default True).
+        model: a model already built in this process (a ``worker.models.Built``), trained
+            instead of building the spec's (``ckptlab.profile``). Default: None.
 
     Returns:
         The recorded status.
@@ -102,6 +106,7 @@ def execute_experiment(
             attempt=attempt,
             device=device,
             snapshot_dir=snapshot_dir or str(settings.data_dir.resolve() / "snapshots"),
+            model=model,
         )
         return runner.execute(job)
     finally:

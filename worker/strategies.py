@@ -6,6 +6,9 @@ output on) at the others, so the model's own forward (which applies the blocks i
 with whatever arguments it passes them) runs the group through
 ``torch.utils.checkpoint.checkpoint``.
 
+The strategies, their groups and mechanisms are declared in :mod:`ckptlab.strategies`;
+this module carries them out. The built-ins:
+
 - ``sequential``: exactly the segmenting of ``torch.utils.checkpoint.checkpoint_sequential``:
   ``len(blocks) // segments`` blocks per segment, the first ``segments - 1`` segments
   checkpointed, the rest (the last segment) run normally. ``segments=1`` checkpoints nothing.
@@ -29,6 +32,7 @@ from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from ckptlab.spec import CheckpointSpec
+from ckptlab.strategies import Mechanism, SelectivePolicy, get_strategy
 
 __all__ = [
     "CheckpointedGroup",
@@ -59,20 +63,20 @@ _ATTENTION = {
 
 
 def selective_policy(name: str) -> Callable:
-    """The policy function for a named selective-checkpointing policy.
-
-    ``save_matmuls``: save outputs of mm/addmm/bmm/convolution, recompute everything else
-    (cheap elementwise ops, softmax; Korthikanti et al. 2022, arXiv 2205.05198).
-    ``save_matmuls_and_attention``: also save the fused attention outputs.
-    ``recompute_all``: save nothing extra (same as plain checkpointing).
+    """The policy function for a named selective-checkpointing policy
+    (:class:`ckptlab.strategies.SelectivePolicy` says what each keeps).
 
     Raises:
         ValueError: unknown name.
     """
-    saved = {"save_matmuls": _MATMULS, "save_matmuls_and_attention": _MATMULS | _ATTENTION, "recompute_all": set()}
+    saved = {
+        SelectivePolicy.SAVE_MATMULS: _MATMULS,
+        SelectivePolicy.SAVE_MATMULS_AND_ATTENTION: _MATMULS | _ATTENTION,
+        SelectivePolicy.RECOMPUTE_ALL: set(),
+    }
     if name not in saved:
         raise ValueError(f"unknown selective policy {name!r}")
-    keep = saved[name]
+    keep = saved[SelectivePolicy(name)]
 
     def policy(ctx, op, *args, **kwargs):
         return CheckpointPolicy.MUST_SAVE if op in keep else CheckpointPolicy.PREFER_RECOMPUTE
@@ -249,18 +253,6 @@ class OffloadedGroup(_Group):
             return self.remember(self.run_blocks(*args, **kwargs))
 
 
-def _groups(n: int, ck: CheckpointSpec) -> list[tuple[int, int]]:
-    """Half-open index ranges of the block groups to wrap."""
-    if ck.strategy == "sequential":
-        size = n // ck.segments
-        return [(start, start + size) for start in range(0, size * (ck.segments - 1), size)]
-    if ck.strategy in ("per_block", "selective"):
-        return [(start, min(start + ck.every, n)) for start in range(0, n, ck.every)]
-    if ck.strategy == "offload":
-        return [(0, n)]
-    return []
-
-
 def apply_strategy(
     blocks: nn.Sequential | nn.ModuleList,
     ck: CheckpointSpec,
@@ -270,23 +262,26 @@ def apply_strategy(
 ) -> int:
     """Regroup ``blocks`` in place for ``ck.strategy``; returns the number of wrapped groups.
 
-    Parameters keep their identity (the optimizer may be built before or after).
+    The groups and how each is wrapped come from the strategy table
+    (:mod:`ckptlab.strategies`: ``groups`` and ``mechanism``). Parameters keep their
+    identity (the optimizer may be built before or after).
 
     Raises:
-        ValueError: ``selective`` with ``use_reentrant=True`` (PyTorch requires
-            ``use_reentrant=False`` for ``context_fn``).
+        ValueError: an unknown strategy, or one that needs ``use_reentrant=False`` with
+            ``use_reentrant=True`` (PyTorch requires it for ``context_fn``).
     """
-    if ck.strategy == "selective" and ck.use_reentrant:
-        raise ValueError("strategy 'selective' needs use_reentrant=False")
+    strategy = get_strategy(ck.strategy)
+    if strategy.needs_non_reentrant and ck.use_reentrant:
+        raise ValueError(f"strategy {ck.strategy!r} needs use_reentrant=False")
     context_fn = (
         functools.partial(create_selective_checkpoint_contexts, selective_policy(ck.policy))
-        if ck.strategy == "selective"
+        if strategy.mechanism == Mechanism.CHECKPOINT_WITH_POLICY
         else None
     )
-    ranges = _groups(len(blocks), ck)
+    ranges = strategy.groups(len(blocks), ck) if strategy.mechanism != Mechanism.KEEP else []
     for start, end in ranges:
         members = [blocks[i] for i in range(start, end)]
-        if ck.strategy == "offload":
+        if strategy.mechanism == Mechanism.SAVE_ON_CPU:
             wrapped: nn.Module = OffloadedGroup(members, pin_memory=device.type == "cuda")
         else:
             wrapped = CheckpointedGroup(

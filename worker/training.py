@@ -38,12 +38,15 @@ def make_optimizer(spec: ExperimentSpec, params: list[torch.nn.Parameter]) -> to
     return torch.optim.SGD(params, lr=1e-3)
 
 
-def build_checkpointed(spec: ExperimentSpec, dev: torch.device, on_recompute=None) -> Built:
-    """The spec's model seeded with ``spec.seed``, on ``dev`` in train mode, with the spec's
-    checkpointing applied to its blocks (``on_recompute`` is called around each
-    recomputation, see :func:`worker.strategies.apply_strategy`)."""
+def build_checkpointed(
+    spec: ExperimentSpec, dev: torch.device, on_recompute=None, build: Callable[[], Built] | None = None
+) -> Built:
+    """The spec's model seeded with ``spec.seed`` (or ``build()``'s, a model in hand), on
+    ``dev`` in train mode, with the spec's checkpointing applied to its blocks
+    (``on_recompute`` is called around each recomputation, see
+    :func:`worker.strategies.apply_strategy`)."""
     torch.manual_seed(spec.seed)
-    built = build_model(spec.model)
+    built = build() if build is not None else build_model(spec.model)
     built.module.to(dev).train()
     apply_strategy(built.blocks, spec.checkpoint, device=dev, on_recompute=on_recompute)
     return built

@@ -34,7 +34,7 @@ from backend.services.responses import CSV_RESPONSE, SSE_RESPONSE, WRITE_RESPONS
 from ckptlab.db import events, queue, store
 from ckptlab.db.models import Experiment
 from ckptlab.limits import limit_errors
-from ckptlab.spec import MODEL_KINDS, STRATEGIES, ExperimentSpec
+from ckptlab.spec import MODEL_KINDS, ExperimentSpec, StrategyName
 
 #: Largest attempt number: ``steps.attempt`` and ``experiments.attempt`` are 32-bit columns
 #: (a worker would need 2**31 claims to reach it); beyond it, the same 422 on both databases.
@@ -52,7 +52,7 @@ def experiment_filters(
     status_: Annotated[Status | None, Query(alias="status", description="only this status")] = None,
     sweep_id: Annotated[int | None, Query(ge=1, le=MAX_ID, description="only this sweep's")] = None,
     model_kind: Annotated[Literal[MODEL_KINDS] | None, Query(description="only this model kind")] = None,  # type: ignore[valid-type]
-    strategy: Annotated[Literal[STRATEGIES] | None, Query(description="only this checkpoint strategy")] = None,  # type: ignore[valid-type]
+    strategy: Annotated[StrategyName | None, Query(description="only this checkpoint strategy")] = None,
     ids: Annotated[
         str | None,
         Query(

@@ -10,8 +10,11 @@ from backend.schemas import CHART_NAMES, Health, MetaPublic, StatusPublic
 from backend.services.series import SERIES_METRICS
 from ckptlab.domain import MemoryCategory, Status
 from ckptlab.hf import HF_ARCHITECTURES
-from ckptlab.spec import MODEL_KINDS, SELECTIVE_POLICIES, STRATEGIES, ExperimentSpec
+from ckptlab.presets import PRESETS
+from ckptlab.spec import MODEL_KINDS, ExperimentSpec
 from ckptlab.spec_torchvision import TORCHVISION_ARCHITECTURES
+from ckptlab.strategies import STRATEGIES, SelectivePolicy, strategy_names
+from ckptlab.sweeps import AXIS_NAMES
 
 router = APIRouter(tags=["meta"])
 
@@ -25,14 +28,18 @@ def health(session: SessionDep, request: Request) -> Health:
 
 @router.get("/meta", response_model=MetaPublic, summary="Statuses, spec choices and limits for clients")
 def meta(settings: SettingsDep) -> MetaPublic:
-    """The vocabulary defined once in :mod:`ckptlab.domain` and :mod:`ckptlab.spec`, so the
-    frontend never spells a status, a strategy or a field bound of its own."""
+    """The vocabulary defined once in :mod:`ckptlab.domain`, :mod:`ckptlab.strategies` and
+    :mod:`ckptlab.spec`, so the frontend never spells a status, a strategy, an axis or a
+    field bound of its own."""
     return MetaPublic(
         statuses=[StatusPublic(name=s, finished=s.finished) for s in Status],
         memory_categories=[c.value for c in MemoryCategory],
         model_kinds=list(MODEL_KINDS),
-        strategies=list(STRATEGIES),
-        policies=list(SELECTIVE_POLICIES),
+        strategies=strategy_names(),
+        strategy_table=[STRATEGIES[name].public() for name in strategy_names()],
+        policies=[p.value for p in SelectivePolicy],
+        sweep_axes={path: list(names) for path, names in AXIS_NAMES.items()},
+        presets=PRESETS,
         series_metrics=list(SERIES_METRICS),
         chart_names=list(CHART_NAMES),
         max_sweep_size=settings.max_sweep_size,

@@ -10,7 +10,8 @@ from pydantic import BaseModel, ConfigDict, Field, computed_field
 from backend.schemas.common import EXAMPLE_SUMMARY, examples
 from backend.services.series import SERIES_METRICS
 from ckptlab.domain import Status
-from ckptlab.spec import EXAMPLE_SPEC, ExperimentSpec
+from ckptlab.presets import EXAMPLE_SPEC
+from ckptlab.spec import ExperimentSpec
 
 __all__ = [
     "ExperimentCreate",

@@ -9,6 +9,8 @@ from pydantic import BaseModel, Field
 
 from backend.schemas.common import examples
 from ckptlab.domain import MemoryCategory, Status
+from ckptlab.presets import PRESETS
+from ckptlab.strategies import STRATEGIES, SelectivePolicy, strategy_names
 
 __all__ = ["StatusPublic", "MetaPublic"]
 
@@ -30,8 +32,11 @@ class MetaPublic(BaseModel):
             "statuses": [{"name": Status.QUEUED, "finished": False}],
             "memory_categories": [c.value for c in MemoryCategory],
             "model_kinds": ["mlp", "resnet", "transformer", "densenet", "custom"],
-            "strategies": ["none", "sequential", "per_block", "selective", "offload"],
-            "policies": ["save_matmuls", "save_matmuls_and_attention", "recompute_all"],
+            "strategies": strategy_names(),
+            "strategy_table": [STRATEGIES[name].public() for name in strategy_names()][:2],
+            "policies": [p.value for p in SelectivePolicy],
+            "sweep_axes": {"checkpoint.segments": ["segments", "segment count", "segment counts"]},
+            "presets": {"tiny": PRESETS["tiny"]},
             "series_metrics": ["step_ms", "peak_allocated_bytes", "loss"],
             "chart_names": ["memory_vs_segments", "time_vs_segments", "pareto", "correctness"],
             "max_sweep_size": 256,
@@ -53,8 +58,16 @@ class MetaPublic(BaseModel):
     statuses: list[StatusPublic] = Field(description="every status, in lifecycle order")
     memory_categories: list[str] = Field(description="what live bytes are for (keys of memory_at_peak)")
     model_kinds: list[str]
-    strategies: list[str] = Field(description="values of checkpoint.strategy")
+    strategies: list[str] = Field(description="values of checkpoint.strategy, simplest first")
+    strategy_table: list[dict[str, Any]] = Field(
+        description="each strategy: name, summary, label template, the checkpoint fields it reads, "
+        "whether it recomputes and needs use_reentrant false, its sort rank, sweep_default"
+    )
     policies: list[str] = Field(description="values of checkpoint.policy (strategy selective)")
+    sweep_axes: dict[str, list[str]] = Field(
+        description="well-known sweep axis paths: [short name, one value, several values]"
+    )
+    presets: dict[str, dict[str, Any]] = Field(description="the form's presets: name -> {spec, axes}")
     series_metrics: list[str] = Field(description="metrics GET /api/experiments/{id}/series accepts")
     chart_names: list[str] = Field(description="charts GET /api/sweeps/{id}/charts/{name} draws")
     max_sweep_size: int = Field(description="most experiments one sweep may queue, baselines included")

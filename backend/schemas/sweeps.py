@@ -9,7 +9,9 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_vali
 
 from backend.schemas.common import EXAMPLE_SUMMARY, ErrorDetail, examples
 from ckptlab.domain import Status
+from ckptlab.presets import EXAMPLE_SWEEP
 from ckptlab.spec import find_unstorable
+from ckptlab.strategies import BASELINE
 
 __all__ = [
     "SweepCreate",
@@ -41,22 +43,6 @@ AxisPath = Annotated[
 ]
 AxisValue = bool | int | float | Annotated[str, StringConstraints(max_length=200)] | None | dict[str, Any]
 
-_EXAMPLE_SWEEP_CREATE = {
-    "name": "segments x rng x amp",
-    "base": {
-        "model": {"kind": "mlp", "depth": 8, "width": 64},
-        "batch_size": 16,
-        "steps": 3,
-        "device": "cpu",
-        "checkpoint": {"strategy": "sequential"},
-    },
-    "axes": {
-        "checkpoint.segments": [1, 2, 4, 8],
-        "checkpoint.preserve_rng_state": [True, False],
-        "amp": ["off", "bf16"],
-    },
-}
-
 
 class SweepCreate(BaseModel):
     """A new sweep: a base spec crossed with axes of values at dotted spec paths.
@@ -67,12 +53,12 @@ class SweepCreate(BaseModel):
     ``checkpoint.``.
     """
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [_EXAMPLE_SWEEP_CREATE]})
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [EXAMPLE_SWEEP]})
 
     name: Annotated[str, StringConstraints(min_length=1, max_length=200, strip_whitespace=True)]
     base: dict[str, Any] = Field(
         description="the experiment spec every run starts from (fields as in ExperimentCreate)",
-        json_schema_extra={"examples": [_EXAMPLE_SWEEP_CREATE["base"]]},
+        json_schema_extra={"examples": [EXAMPLE_SWEEP["base"]]},
     )
     axes: dict[AxisPath, Annotated[list[AxisValue], Field(min_length=1, max_length=64)]] = Field(
         min_length=1,
@@ -185,8 +171,8 @@ class SweepPublic(SweepSummaryPublic):
                 dict(
                     id=1,
                     name="segments x rng x amp",
-                    axes=_EXAMPLE_SWEEP_CREATE["axes"],
-                    base=_EXAMPLE_SWEEP_CREATE["base"],
+                    axes=EXAMPLE_SWEEP["axes"],
+                    base=EXAMPLE_SWEEP["base"],
                     created_at="2026-01-01T12:00:00Z",
                     cancelled=False,
                     progress=ProgressPublic.model_config["json_schema_extra"]["examples"][0],
@@ -251,7 +237,7 @@ class SweepResultPublic(BaseModel):
     )
     gradients_match: bool | None
     error: str | None
-    strategy: str = Field("none", description="the spec's checkpoint.strategy")
+    strategy: str = Field(BASELINE, description="the spec's checkpoint.strategy")
     overhead: dict[str, float | bool] | None = Field(
         None,
         description="step-time overhead against the baseline: estimate_pct, low_pct and high_pct (bootstrap "
@@ -314,8 +300,8 @@ class SweepPlanPublic(BaseModel):
             "duplicates": 0,
             "runs": [
                 {
-                    "values": {"checkpoint.strategy": "none"},
-                    "label": "strategy=none",
+                    "values": {"checkpoint.strategy": BASELINE},
+                    "label": f"strategy={BASELINE}",
                     "baseline": True,
                     "spec": {"model": {"kind": "mlp"}},
                 }

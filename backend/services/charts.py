@@ -24,6 +24,7 @@ from backend.services.sweeps import SweepRow, sweep_rows
 from ckptlab.db.models import Sweep
 from ckptlab.domain import Status
 from ckptlab.law import retained_bytes
+from ckptlab.strategies import STRATEGIES
 from ckptlab.sweeps import axis_label, get_path
 
 __all__ = ["CHARTS", "build_chart", "pareto_frontier"]
@@ -47,15 +48,22 @@ def _done(r: SweepRow) -> bool:
     return r.status == Status.SUCCEEDED
 
 
+def _by_segments(name: Any) -> bool:
+    """The strategy is set by its segment count (its table entry reads ``segments``)."""
+    entry = STRATEGIES.get(str(name))
+    return entry is not None and "segments" in entry.fields
+
+
 def _curves(
     rows: Sequence[SweepRow], specs: Mapping[int, Mapping[str, Any]], paths: Sequence[str]
 ) -> dict[str, list[SweepRow]]:
-    """Succeeded ``sequential`` runs grouped by the values of every axis but segments."""
+    """Succeeded runs of a strategy set by segments (``sequential``), grouped by the values of
+    every axis but segments."""
     other = [p for p in paths if p != SEGMENTS]
     groups: dict[str, list[SweepRow]] = defaultdict(list)
     for r in rows:
         spec = specs.get(r.experiment_id, {})
-        if r.role == "run" and _done(r) and get_path(spec, "checkpoint.strategy") == "sequential":
+        if r.role == "run" and _done(r) and _by_segments(get_path(spec, "checkpoint.strategy")):
             groups[axis_label(r.values, other)].append(r)
     for members in groups.values():
         members.sort(key=lambda r: get_path(specs[r.experiment_id], SEGMENTS, 1))

@@ -17,6 +17,7 @@ from ckptlab.db import store
 from ckptlab.db.models import Experiment
 from ckptlab.domain import Status
 from ckptlab.stats import NOISE_THRESHOLD_PCT, ratio_ci
+from ckptlab.strategies import BASELINE
 
 __all__ = ["Comparison", "compare_with_baseline", "MAX_BASELINE_RUNS"]
 
@@ -69,7 +70,7 @@ def compare_with_baseline(
     that counts as a difference (:attr:`ckptlab.stats.RatioInterval.measurable`).
     """
     spec = experiment.spec if isinstance(experiment.spec, Mapping) else {}
-    if experiment.strategy == "none":  # the row's column, stored from the spec
+    if experiment.strategy == BASELINE:  # the row's column, stored from the spec
         return Comparison(experiment_id=experiment.id, is_baseline=True)
     if experiment.sweep_id is not None:
         sweep = store.get_sweep(session, sweep_id=experiment.sweep_id)
@@ -88,7 +89,7 @@ def compare_with_baseline(
     candidates = session.scalars(
         select(Experiment)
         .where(
-            Experiment.strategy == "none",
+            Experiment.strategy == BASELINE,
             Experiment.status == Status.SUCCEEDED,
             Experiment.model_kind == experiment.model_kind,
             Experiment.id != experiment.id,

@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 from ckptlab.db.models import Experiment, Sweep
 from ckptlab.domain import FINISHED_STATUSES, Status
 from ckptlab.stats import NOISE_THRESHOLD_PCT, RatioInterval, ratio_ci
+from ckptlab.strategies import BASELINE, STRATEGIES
 from ckptlab.summary import RunSummary
 from ckptlab.sweeps import axis_label, get_path, is_checkpoint_axis
 
@@ -22,7 +23,6 @@ __all__ = [
     "sweep_progress",
     "list_sweeps",
     "ROW_METRICS",
-    "STRATEGY_ORDER",
     "SweepRow",
     "sweep_rows",
     "overhead_words",
@@ -145,7 +145,7 @@ class SweepRow:
     gradients_match: bool | None
     error: str | None
     label: str
-    strategy: str = "none"
+    strategy: str = BASELINE
     repeat_of: int | None = None
     noise_threshold_pct: float = NOISE_THRESHOLD_PCT
     simplicity: tuple = ()
@@ -157,16 +157,12 @@ class SweepRow:
     step_times_ms: list[float] = field(default_factory=list)
 
 
-#: Order of strategies from the simplest: a tie goes to the earlier one.
-STRATEGY_ORDER = ("none", "sequential", "per_block", "selective", "offload")
-
-
 def _simplicity(spec: Mapping[str, Any]) -> tuple:
+    """Sort key, simplest first (the strategy table's rank and order); a strategy the table
+    no longer knows sorts last."""
     ck = spec.get("checkpoint") or {}
-    strategy = ck.get("strategy", "none")
-    rank = STRATEGY_ORDER.index(strategy) if strategy in STRATEGY_ORDER else len(STRATEGY_ORDER)
-    size = ck.get("segments", 0) if strategy == "sequential" else -(ck.get("every") or 0)
-    return (rank, size if isinstance(size, int) else 0)
+    entry = STRATEGIES.get(str(ck.get("strategy", BASELINE)))
+    return entry.simplicity(ck) if entry is not None else (float("inf"),)
 
 
 def step_samples(summary: Any) -> list[float]:
@@ -206,7 +202,7 @@ def sweep_rows(sweep: Sweep, *, noise_threshold_pct: float = NOISE_THRESHOLD_PCT
     rows: list[SweepRow] = []
     for exp in sorted(sweep.experiments, key=lambda e: e.id):
         spec = exp.spec or {}
-        baseline = get_path(spec, "checkpoint.strategy") == "none"
+        baseline = get_path(spec, "checkpoint.strategy") == BASELINE
         values = {
             p: (None if baseline and is_checkpoint_axis(p) and p != "checkpoint.strategy" else get_path(spec, p))
             for p in paths
@@ -224,7 +220,7 @@ def sweep_rows(sweep: Sweep, *, noise_threshold_pct: float = NOISE_THRESHOLD_PCT
                 gradients_match=summary.gradients_match,
                 error=exp.error.splitlines()[0] if exp.error else None,
                 label=axis_label(values, [p for p in paths if not (baseline and values[p] is None)]) or "base",
-                strategy=str(get_path(spec, "checkpoint.strategy") or "none"),
+                strategy=str(get_path(spec, "checkpoint.strategy") or BASELINE),
                 simplicity=_simplicity(spec),
                 findings=[f.code for f in summary.findings],
                 peak_phase=summary.peak_phase,

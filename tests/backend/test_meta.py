@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ckptlab.domain import FINISHED_STATUSES, MemoryCategory, Status
 from ckptlab.hf import HF_ARCHITECTURES
-from ckptlab.spec import STRATEGIES
+from ckptlab.strategies import STRATEGIES
 
 
 def test_meta_lists_the_domain_vocabulary_and_the_servers_limits(make_client):

@@ -1,7 +1,8 @@
 import pytest
 from pydantic import ValidationError
 
-from ckptlab.spec import EXAMPLE_SPEC, ExperimentSpec
+from ckptlab.presets import EXAMPLE_SPEC
+from ckptlab.spec import ExperimentSpec
 from tests.factories import spec_dict
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from ckptlab.spec import STRATEGIES
+from ckptlab.strategies import STRATEGIES
 from ckptlab.summary import RunSummary
 from tests.factories import spec_dict
 

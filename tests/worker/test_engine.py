@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from ckptlab.law import retained_bytes
-from ckptlab.spec import STRATEGIES, ExperimentSpec
+from ckptlab.spec import ExperimentSpec
+from ckptlab.strategies import STRATEGIES
 from tests.factories import make_spec, spec_dict
 from worker.engine import resolve_device, run_experiment
 from worker.errors import RunError, RunOutOfMemory
@@ -238,3 +239,20 @@ def test_a_dropout_mask_drawn_again_is_caught_however_small_the_gradients(depth)
     summary = run_experiment(ExperimentSpec.model_validate(body))
     assert summary["gradients_match"] is False and summary["gradient_verdict"] == "differ"
     assert summary["grad_worst_param"] is not None and summary["grad_mismatch_count"] > 0
+
+
+def test_a_model_in_hand_is_trained_as_copies_and_its_depth_checked():
+    from worker.models import build_model
+
+    spec = make_spec(**{"checkpoint.strategy": "sequential", "checkpoint.segments": 2})
+    torch.manual_seed(1)
+    model = build_model(spec.model)
+    before = {k: v.clone() for k, v in model.module.state_dict().items()}
+    summary = run_experiment(spec, model=model)
+    assert summary["gradients_match"] is True
+    assert summary["param_count"] == sum(p.numel() for p in model.module.parameters())
+    # the model in hand is never changed: the engine and the gradient check train copies
+    assert all(torch.equal(before[k], v) for k, v in model.module.state_dict().items())
+    assert not any(type(b).__name__ == "CheckpointedGroup" for b in model.blocks)
+    with pytest.raises(RunError, match="has 8 blocks but model.depth is 4"):
+        run_experiment(make_spec(**{"model.depth": 4}), model=model)

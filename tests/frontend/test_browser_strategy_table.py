@@ -1,0 +1,45 @@
+"""The form builds its strategy choices, the fields each strategy shows and the strategy
+axis from the strategy table in ``/api/meta``: a strategy registered in the table (the
+``noop_strategy`` fixture; its ``/api/meta`` answered by an in-process app that has it)
+appears in the form with no frontend file touched."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.frontend.support import CHROMIUM
+
+if not CHROMIUM.exists():
+    pytest.skip(f"{CHROMIUM} not found: no browser for the frontend test", allow_module_level=True)
+
+from playwright.sync_api import Page, expect  # noqa: E402
+
+pytestmark = pytest.mark.browser
+
+
+def test_a_registered_strategy_appears_in_the_form(
+    noop_strategy, client, app_url: str, page: Page, page_errors: list[str]
+) -> None:
+    meta = client.get("/api/meta").json()
+    page.route(re.compile(r".*/api/meta$"), lambda route: route.fulfill(json=meta))
+    page.goto(app_url + "/#/new")
+    option = page.locator('#checkpoint\\.strategy option[value="noop_test"]')
+    expect(option).to_have_text("noop_test — wrap no block (a test's strategy)")
+    page.select_option("#checkpoint\\.strategy", "noop_test")
+    # It reads preserve_rng_state only: the other checkpoint fields are hidden.
+    expect(page.locator("#checkpoint\\.preserve_rng_state")).to_be_visible()
+    for field in ("segments", "every", "policy", "use_reentrant"):
+        expect(page.locator(f"#checkpoint\\.{field}")).to_be_hidden()
+    expect(page.locator("#run-count")).to_contain_text("noop_test (true)")  # its label template
+    page.select_option("#checkpoint\\.strategy", "sequential")
+    expect(page.locator("#checkpoint\\.segments")).to_be_visible()
+
+    page.goto(app_url + "/#/new?mode=sweep")
+    page.check("#axis-strategy")
+    box = page.locator('[data-axis-value="checkpoint.strategy"][value="noop_test"]')
+    expect(box).not_to_be_checked()  # not a sweep default
+    box.check()
+    expect(page.locator("#run-count")).to_contain_text("3 strategies")
+    assert not page_errors, page_errors
