@@ -32,6 +32,7 @@ FINDING_CODES = {
     "checkpointing_keeps_more": "the setting keeps more activation bytes than no checkpointing",
     "peak_not_in_activations": "the peak holds no activations: checkpointing cannot lower it",
     "memory_grows_per_step": "live memory grows at every step: something keeps each step's tensors alive",
+    "over_budget": "the measured peak is above the memory budget the plan was made for",
 }
 
 _PHASE_WORDS = {"forward": "forward", "backward": "backward", "optimizer": "optimizer.step"}
@@ -126,6 +127,14 @@ def findings(spec: ExperimentSpec, summary: Mapping[str, Any]) -> list[dict[str,
     if not baseline and peak and at_peak is not None and at_peak <= SAVING_THRESHOLD * peak:
         phase = _PHASE_WORDS.get(summary.get("peak_phase") or "", "its phase")
         add("peak_not_in_activations", f"{FINDING_CODES['peak_not_in_activations']} (the peak is in {phase})")
+    budget, predicted = summary.get("budget_bytes"), summary.get("predicted_peak_bytes")
+    if budget and peak and peak > budget:
+        add(
+            "over_budget",
+            f"{FINDING_CODES['over_budget']} ({format_bytes(peak)} against {format_bytes(budget)}, predicted "
+            f"{format_bytes(predicted)}): the planner's memory model missed something here; lower the budget "
+            "by the difference",
+        )
     growth = summary.get("memory_growth_bytes_per_step")
     if growth:
         add(

@@ -9,21 +9,29 @@ and the bytes retained so far, after Chen et al. 2016 §4 (arXiv 1604.06174) and
 restricted to PyTorch's non-reentrant ``checkpoint`` (a checkpointed segment keeps its input
 and is recomputed once during backward).
 
-The memory model (bytes; ``F`` = fixed memory: parameters, gradients, optimizer state;
-``c`` = a calibration constant for what the model does not see: the batch, the loss, the
-head, temporaries):
+The memory model (bytes; ``F`` = fixed memory: parameters and optimizer state, plus the
+gradients of parameters outside the blocks; ``c`` = a calibration constant for what the
+model does not see: the batch, the loss, the stem and head, gradient buffers in flight):
 
 - After forward, an un-checkpointed block ``i`` keeps ``retained_bytes[i]`` (the bytes it
-  created that are still alive at the end of an un-checkpointed forward). A checkpointed
-  segment ``[s, e)`` keeps its input, which costs ``input_bytes[s]`` only when the block
-  before it is checkpointed too (otherwise that block, or the stem, already keeps it).
-- Backward runs the segments in reverse. Recomputing segment ``k`` brings back the
-  ``retained_bytes`` of all its blocks while every earlier segment still holds what it kept.
-- Predicted peak = ``F + c + max(kept after forward, max_k (kept by segments before k +
-  retained by segment k))``.
+  created that are still alive right after its forward, its output included). A
+  checkpointed segment ``[s, e)`` keeps its input (already counted: it is the output of the
+  block or segment before it, or the stem's) and its output, ``output_bytes[e - 1]``, which
+  the next block saves or the next checkpoint keeps. (The first version of this model
+  forgot that output when an un-checkpointed block followed, and under-predicted by up to
+  30%: issue 21.)
+- Backward runs the segments in reverse. When segment ``k`` is processed, every earlier
+  segment still holds what it kept, segment ``k`` holds all its blocks' ``retained_bytes``
+  (recomputed if it is checkpointed, with its kept output still alive), and the gradients
+  of the parameters of every later block exist (``param_bytes``; those of segment ``k``'s
+  own blocks are counted too, conservatively).
+- Predicted peak = ``max(F + c + max(kept after forward, max_k backward_k),
+  optimizer_peak)``; ``optimizer_peak`` is the optimizer step's own peak, which no plan
+  changes.
 
-The calibration ``c`` comes from the un-checkpointed run: measured peak minus ``F`` minus
-the model's peak for "no checkpointing". Pure Python, no torch: the engine profiles, this
+The calibration ``c`` comes from the un-checkpointed profile step: its measured forward
+and backward peak minus ``F`` minus the model's activation peak without checkpointing.
+Pure Python, no torch: the engine profiles, this
 module decides.
 """
 
@@ -55,14 +63,23 @@ class BlockProfile:
     Attributes:
         retained_bytes: bytes the block keeps for backward when it is not checkpointed
             (live bytes after its forward minus before, the input excluded).
-        input_bytes: bytes of the block's input tensor (what a checkpoint of a segment
-            starting here keeps).
+        input_bytes: bytes of the block's input tensor.
         forward_ms: forward time of the block (what recomputing it costs), ms.
+        output_bytes: bytes of the block's output (what a checkpointed segment ending here
+            keeps); None: the same as ``input_bytes`` (a shape-preserving block).
+        param_bytes: bytes of the gradients of the block's parameters (default 0).
     """
 
     retained_bytes: int
     input_bytes: int
     forward_ms: float
+    output_bytes: int | None = None
+    param_bytes: int = 0
+
+    @property
+    def out_bytes(self) -> int:
+        """``output_bytes``, or ``input_bytes`` when not given."""
+        return self.input_bytes if self.output_bytes is None else self.output_bytes
 
 
 @dataclass(frozen=True)
@@ -119,24 +136,46 @@ class NoPlanFits(ValueError):
         super().__init__(self.reason)
 
 
-def _activation_peak(blocks: Sequence[BlockProfile], segments: Sequence[Segment]) -> int:
-    kept_before, peak, prev_checkpointed = 0, 0, False
+def _activation_peak(
+    blocks: Sequence[BlockProfile], segments: Sequence[Segment], head: int = 0, backward: int = 0
+) -> int:
+    """The plan's peak above ``F + c``: the bytes kept after forward plus ``head`` (what the
+    stem-to-loss part beyond the blocks holds then), or the most that processing one
+    segment in backward holds, plus ``backward`` (gradients outside the blocks) and the
+    gradient arriving at its output (see the module's memory model)."""
+    grads_after = [0] * (len(blocks) + 1)
+    for i in range(len(blocks) - 1, -1, -1):
+        grads_after[i] = grads_after[i + 1] + blocks[i].param_bytes
+    kept_before, peak = 0, 0
     for seg in segments:
-        full = sum(b.retained_bytes for b in blocks[seg.start : seg.end])
-        peak = max(peak, kept_before + full)
-        if seg.checkpointed:
-            kept_before += blocks[seg.start].input_bytes if prev_checkpointed else 0
-        else:
-            kept_before += full
-        prev_checkpointed = seg.checkpointed
-    return max(peak, kept_before)
+        members = blocks[seg.start : seg.end]
+        full = sum(b.retained_bytes for b in members)
+        if seg.checkpointed:  # recomputed whole, its kept output still alive
+            own = members[-1].out_bytes
+            flight = own  # the gradient arriving at its output
+            peak = max(peak, kept_before + own + full + grads_after[seg.start] + flight + backward)
+            kept_before += own
+        else:  # each block's backward: what it and the blocks before keep, later gradients
+            for i in range(seg.start, seg.end):
+                kept_before += blocks[i].retained_bytes
+                flight = blocks[i].out_bytes
+                peak = max(peak, kept_before + grads_after[i] + flight + backward)
+    return max(peak, kept_before + head)
 
 
 def predict_peak(
-    blocks: Sequence[BlockProfile], segments: Sequence[Segment], *, fixed_bytes: int = 0, calibration_bytes: int = 0
+    blocks: Sequence[BlockProfile],
+    segments: Sequence[Segment],
+    *,
+    fixed_bytes: int = 0,
+    calibration_bytes: int = 0,
+    head_bytes: int = 0,
+    backward_bytes: int = 0,
 ) -> int:
-    """The predicted peak allocated bytes of ``segments`` (see the module's memory model)."""
-    return fixed_bytes + calibration_bytes + _activation_peak(blocks, segments)
+    """The predicted peak allocated bytes of ``segments`` (see the module's memory model;
+    ``head_bytes`` counts at the end of forward only, ``backward_bytes`` while the blocks
+    run backward)."""
+    return fixed_bytes + calibration_bytes + _activation_peak(blocks, segments, head_bytes, backward_bytes)
 
 
 def recompute_ms(blocks: Sequence[BlockProfile], segments: Sequence[Segment]) -> float:
@@ -160,52 +199,66 @@ def sequential_segments(n: int, segments: int) -> tuple[Segment, ...]:
     return tuple(out)
 
 
-def _plan(blocks: Sequence[BlockProfile], segments: Sequence[Segment], fixed: int, calib: int) -> ChainPlan:
+def _plan(
+    blocks: Sequence[BlockProfile], segments: Sequence[Segment], fixed: int, calib: int, head: int = 0, bwd: int = 0
+) -> ChainPlan:
     return ChainPlan(
         segments=tuple(segments),
         checkpointed_blocks=tuple(i for s in segments if s.checkpointed for i in range(s.start, s.end)),
         recompute_ms=recompute_ms(blocks, segments),
-        predicted_peak_bytes=predict_peak(blocks, segments, fixed_bytes=fixed, calibration_bytes=calib),
+        predicted_peak_bytes=predict_peak(
+            blocks, segments, fixed_bytes=fixed, calibration_bytes=calib, head_bytes=head, backward_bytes=bwd
+        ),
     )
 
 
-def _solve(blocks: Sequence[BlockProfile], limit: int, unit: int) -> tuple[Segment, ...] | None:
-    """Segments with the least recomputation whose activation peak is at most ``limit``.
+def _solve(
+    blocks: Sequence[BlockProfile], limit: int, unit: int, head: int = 0, backward: int = 0
+) -> tuple[Segment, ...] | None:
+    """Segments with the least recomputation whose activation peak (:func:`_activation_peak`)
+    is at most ``limit``.
 
-    Dynamic program ``f(i, m, p)``: least recomputation for blocks ``i..n-1`` when the
-    blocks before ``i`` keep ``m`` units of ``unit`` bytes (rounded up, so a found plan is
-    feasible for the exact bytes too) and ``p`` says whether block ``i - 1`` is
-    checkpointed. Transitions: block ``i`` alone un-checkpointed, or a checkpointed segment
-    ``[i, j)``. ``O(n^2 * limit / unit)``.
+    Dynamic program ``f(i, m)``: least recomputation for blocks ``i..n-1`` when the blocks
+    before ``i`` keep ``m`` units of ``unit`` bytes (rounded up, so a found plan is
+    feasible for the exact bytes too). Transitions: block ``i`` alone un-checkpointed, or a
+    checkpointed segment ``[i, j)``; each checks its own backward peak, which depends only on
+    ``m`` and the blocks from ``i`` on. ``O(n^2 * limit / unit)``.
     """
     n = len(blocks)
-    kept = [b.retained_bytes for b in blocks]
     prefix = [0]
-    for k in kept:
-        prefix.append(prefix[-1] + k)
+    for b in blocks:
+        prefix.append(prefix[-1] + b.retained_bytes)
     times = [0.0]
     for b in blocks:
         times.append(times[-1] + b.forward_ms)
+    grads_after = [0] * (n + 1)
+    for i in range(n - 1, -1, -1):
+        grads_after[i] = grads_after[i + 1] + blocks[i].param_bytes
     budget_units = limit // unit
 
     def units(nbytes: int) -> int:
         return -(-nbytes // unit)
 
     @cache
-    def f(i: int, m: int, prev_checkpointed: bool) -> tuple[float, tuple[Segment, ...]] | None:
+    def f(i: int, m: int) -> tuple[float, tuple[Segment, ...]] | None:
         if i == n:
-            return (0.0, ()) if m <= budget_units else None
+            return (0.0, ()) if m + units(head) <= budget_units else None
         best: tuple[float, tuple[Segment, ...]] | None = None
         # block i run normally: it keeps its activations (also during its backward)
-        if m + units(kept[i]) <= budget_units:
-            rest = f(i + 1, m + units(kept[i]), False)
+        kept = units(blocks[i].retained_bytes)
+        flight = units(blocks[i].out_bytes + backward)
+        if m + kept + units(grads_after[i]) + flight <= budget_units:
+            rest = f(i + 1, m + kept)
             if rest is not None:
                 best = (rest[0], (Segment(i, i + 1, False), *rest[1]))
-        keep = units(blocks[i].input_bytes) if prev_checkpointed else 0
         for j in range(i + 1, n + 1):
-            if m + units(prefix[j] - prefix[i]) > budget_units:  # its recomputation would not fit
-                break
-            rest = f(j, m + keep, True)
+            own = units(blocks[j - 1].out_bytes)
+            flight = units(blocks[j - 1].out_bytes + backward)
+            if m + own + units(prefix[j] - prefix[i]) + units(grads_after[i]) + flight > budget_units:
+                if m + units(prefix[j] - prefix[i]) > budget_units:
+                    break  # longer segments only recompute more
+                continue
+            rest = f(j, m + own)
             if rest is None:
                 continue
             cost = times[j] - times[i] + rest[0]
@@ -216,7 +269,7 @@ def _solve(blocks: Sequence[BlockProfile], limit: int, unit: int) -> tuple[Segme
     depth = sys.getrecursionlimit()
     sys.setrecursionlimit(max(depth, 4 * n + 200))  # f recurses once per block
     try:
-        found = f(0, 0, False)
+        found = f(0, 0)
     finally:
         sys.setrecursionlimit(depth)
         f.cache_clear()
@@ -240,6 +293,8 @@ def plan_chain(
     budget_bytes: int,
     fixed_bytes: int = 0,
     calibration_bytes: int = 0,
+    head_bytes: int = 0,
+    backward_bytes: int = 0,
     resolution: int = 1024,
 ) -> ChainPlan:
     """The plan with the least recomputation whose predicted peak is at most ``budget_bytes``.
@@ -247,8 +302,14 @@ def plan_chain(
     Args:
         blocks: the chain's block profiles, in order (at least one).
         budget_bytes: the memory budget for the peak allocated bytes.
-        fixed_bytes: parameters + gradients + optimizer state (default 0).
-        calibration_bytes: the constant of the memory model (default 0).
+        fixed_bytes: what is alive throughout forward and backward: parameters, optimizer
+            state, the batch, the stem's activations (default 0).
+        calibration_bytes: a constant added everywhere (default 0).
+        head_bytes: what the part after the blocks (head, loss, their first gradients)
+            holds at the end of forward, when every block's kept bytes are alive too
+            (default 0).
+        backward_bytes: what is alive while the blocks run backward besides the blocks'
+            own bytes: the gradients of the parameters outside the blocks (default 0).
         resolution: bytes are counted in ``activation budget / resolution`` units, rounded
             up (default 1024: a plan may be up to 1/1024 of the budget more conservative than
             the exact optimum; the time is optimal for the rounded sizes).
@@ -262,30 +323,45 @@ def plan_chain(
     """
     if not blocks:
         raise ValueError("a chain needs at least one block")
+    extra = {"head": head_bytes, "bwd": backward_bytes}
     limit = budget_bytes - fixed_bytes - calibration_bytes
     if limit > 0:
         unit = max(1, math.ceil(limit / resolution))
-        found = _solve(blocks, limit, unit)
+        found = _solve(blocks, limit, unit, head_bytes, backward_bytes)
         # The uniform splits are checked with exact bytes too, so that rounding never makes
         # the plan cost more than the best checkpoint_sequential setting that fits.
         options = [found] if found is not None else []
         options += [sequential_segments(len(blocks), k) for k in range(1, len(blocks) + 1)]
+        if found is None:  # near the smallest peak, rounding may hide the one plan that fits
+            smallest = smallest_peak_plan(blocks, head_bytes=head_bytes, backward_bytes=backward_bytes)
+            options.append(smallest.segments)
         fitting = [
-            _plan(blocks, segs, fixed_bytes, calibration_bytes)
+            _plan(blocks, segs, fixed_bytes, calibration_bytes, **extra)
             for segs in options
-            if _activation_peak(blocks, segs) <= limit
+            if _activation_peak(blocks, segs, head_bytes, backward_bytes) <= limit
         ]
         if fitting:
             return min(fitting, key=lambda p: (p.recompute_ms, p.predicted_peak_bytes, len(p.checkpointed_blocks)))
     raise NoPlanFits(
-        smallest_peak_plan(blocks, fixed_bytes=fixed_bytes, calibration_bytes=calibration_bytes),
+        smallest_peak_plan(
+            blocks,
+            fixed_bytes=fixed_bytes,
+            calibration_bytes=calibration_bytes,
+            head_bytes=head_bytes,
+            backward_bytes=backward_bytes,
+        ),
         fixed_bytes=fixed_bytes,
         budget_bytes=budget_bytes,
     )
 
 
 def smallest_peak_plan(
-    blocks: Sequence[BlockProfile], *, fixed_bytes: int = 0, calibration_bytes: int = 0
+    blocks: Sequence[BlockProfile],
+    *,
+    fixed_bytes: int = 0,
+    calibration_bytes: int = 0,
+    head_bytes: int = 0,
+    backward_bytes: int = 0,
 ) -> ChainPlan:
     """The plan with the smallest predicted peak (the least recomputation among those).
 
@@ -293,15 +369,15 @@ def smallest_peak_plan(
     monotone in the limit), to 1/1024 of the un-checkpointed activation peak.
     """
     n = len(blocks)
-    hi = _activation_peak(blocks, (Segment(0, n, False),))
+    hi = _activation_peak(blocks, (Segment(0, n, False),), head_bytes, backward_bytes)
     lo = 0
     unit = max(1, math.ceil(hi / 1024))
-    best = _solve(blocks, hi, unit) or (Segment(0, n, False),)
+    best = _solve(blocks, hi, unit, head_bytes, backward_bytes) or (Segment(0, n, False),)
     while hi - lo > unit:
         mid = (lo + hi) // 2
-        found = _solve(blocks, mid, unit)
+        found = _solve(blocks, mid, unit, head_bytes, backward_bytes)
         if found is None:
             lo = mid
         else:
             hi, best = mid, found
-    return _plan(blocks, best, fixed_bytes, calibration_bytes)
+    return _plan(blocks, best, fixed_bytes, calibration_bytes, head_bytes, backward_bytes)

@@ -229,6 +229,9 @@ class CheckpointSpec(_Strict):
             no gradients when no input requires grad; cannot run ``selective``.
         preserve_rng_state: restore the RNG state before recomputation so dropout masks
             match the first forward. Default: True.
+        budget_bytes: for ``auto``: the memory budget (peak allocated bytes) to plan for;
+            the engine profiles the blocks and checkpoints the least it can
+            (``worker.autoplan``). Required by ``auto``.
     """
 
     strategy: StrategyName = BASELINE
@@ -237,6 +240,9 @@ class CheckpointSpec(_Strict):
     policy: Annotated[SelectivePolicy, Field(strict=False)] = SelectivePolicy.SAVE_MATMULS
     use_reentrant: StrictBool = False
     preserve_rng_state: StrictBool = True
+    budget_bytes: SpecInt | None = Field(
+        None, ge=1, le=MAX_MEMORY_LIMIT_BYTES, description="memory budget (bytes) of strategy 'auto'"
+    )
 
 
 class ExperimentSpec(_Strict):
@@ -349,6 +355,10 @@ class ExperimentSpec(_Strict):
                 ck.use_reentrant,
                 f"hf {model.architecture} layers take keyword tensor arguments (attention masks, position "
                 "embeddings), which reentrant checkpoint cannot take (torch.utils.checkpoint); use use_reentrant false",
+            )
+        if strategy.planned and ck.budget_bytes is None:
+            raise _field_error(
+                ("checkpoint", "budget_bytes"), None, f"strategy {ck.strategy!r} needs budget_bytes (the memory budget)"
             )
         if strategy.needs_non_reentrant and ck.use_reentrant:
             raise _field_error(

@@ -103,6 +103,8 @@ class Strategy:
         order_by: ``(field, sign)`` pairs ordering settings of this strategy from the
             simplest (``("segments", 1)``: fewer segments first).
         sweep_default: ticked by default on the form's strategy axis.
+        planned: the engine plans the groups at run time for ``checkpoint.budget_bytes``
+            (profiling the blocks, ``ckptlab.planner``) instead of calling ``groups``.
     """
 
     name: str
@@ -114,6 +116,7 @@ class Strategy:
     rank: int
     order_by: tuple[tuple[str, int], ...] = ()
     sweep_default: bool = False
+    planned: bool = False
 
     @property
     def recomputes(self) -> bool:
@@ -147,6 +150,7 @@ class Strategy:
             "rank": self.rank,
             "sweep_default": self.sweep_default,
             "baseline": self.name == BASELINE,
+            "planned": self.planned,
         }
 
 
@@ -276,5 +280,17 @@ register_strategy(
         mechanism=Mechanism.SAVE_ON_CPU,
         groups=lambda n, ck: [(0, n)],
         rank=40,
+    )
+)
+register_strategy(
+    Strategy(
+        name="auto",
+        summary="the least recomputation that fits a memory budget",
+        label="auto ({budget_bytes} B)",
+        fields=("budget_bytes", *_FLAGS),
+        mechanism=Mechanism.CHECKPOINT,
+        groups=lambda n, ck: [],  # planned at run time (worker.autoplan)
+        rank=50,
+        planned=True,
     )
 )

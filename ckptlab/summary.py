@@ -101,6 +101,12 @@ class RunSummary(BaseModel):
     grad_max_abs: float | None = None
     loss_diff: float | None = None
     reference_activation_bytes: int | None = None
+    # Strategy auto (worker.autoplan): the budget, the plan and its predicted peak (bytes).
+    budget_bytes: int | None = None
+    predicted_peak_bytes: int | None = None
+    plan: dict[str, Any] | None = Field(
+        None, description="segments [start, end, checkpointed], checkpointed_blocks, recompute_ms, block profiles"
+    )
     # Words.
     findings: list[Finding] = Field(default_factory=list)
     warnings: list[str] = Field(default_factory=list)

@@ -16,6 +16,14 @@ export function setStatus(status) {
   $('exp-cancel').hidden = TERMINAL.has(status);
 }
 
+/** "blocks 0–2, 5 checkpointed of 8 (recomputing 3.1 ms)" from a summary's plan (strategy auto). */
+function planText(plan) {
+  const n = plan.blocks.length;
+  const runs = plan.segments.filter((seg) => seg[2]).map((seg) => (seg[1] - seg[0] > 1 ? `${seg[0]}–${seg[1] - 1}` : `${seg[0]}`));
+  if (!runs.length) return `no block checkpointed of ${n}: nothing needed for this budget`;
+  return `blocks ${runs.join(', ')} checkpointed of ${n} (recomputing ${fmtMs(plan.recompute_ms)})`;
+}
+
 /** The spec as rows; `summary.model` / `summary.blocks` (a ckptlab.profile run) name what was profiled. */
 export function renderSpec(spec, summary = null) {
   const m = spec.model || {};
@@ -29,6 +37,7 @@ export function renderSpec(spec, summary = null) {
     ['Batch', `${fmtInt(spec.batch_size)}${spec.grad_accum_steps > 1 ? ` × ${spec.grad_accum_steps} accumulated` : ''}`],
     ['Steps', `${spec.steps} (${spec.warmup_steps} warm-up)`],
     ['Checkpointing', strategyLabel(spec)],
+    ...(summary && summary.plan ? [['Plan', planText(summary.plan)]] : []),
   ];
   if (recomputes(spec)) {
     entries.push(['use_reentrant', String(c.use_reentrant)]);
@@ -98,7 +107,9 @@ export function renderSummary(exp, baseline) {
         b && !isBaseline ? delta(s.activation_bytes, b.activation_bytes) : null),
       el('div', { class: 'metric' }, el('span', { class: 'label' }, 'Peak allocated'),
         el('span', { class: 'value', id: 'm-peak' }, fmtBytes(s.peak_allocated_bytes)),
-        b && !isBaseline ? delta(s.peak_allocated_bytes, b.peak_allocated_bytes) : null),
+        b && !isBaseline ? delta(s.peak_allocated_bytes, b.peak_allocated_bytes) : null,
+        s.budget_bytes ? el('span', { class: 'muted small', id: 'm-plan' },
+          ` budget ${fmtBytes(s.budget_bytes)} · predicted ${fmtBytes(s.predicted_peak_bytes)}`) : null),
       el('div', { class: 'metric' }, el('span', { class: 'label', title: 'median over the steps after warm-up' }, 'Step time'),
         el('span', { class: 'value', id: 'm-time' }, fmtMs(s.step_time_ms)),
         b && !isBaseline ? overheadDelta(baseline.comparison) : null),

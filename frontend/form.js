@@ -313,6 +313,7 @@ export function fillForm(spec, { axes } = {}) {
   for (const key of ['segments', 'every', 'policy', 'use_reentrant', 'preserve_rng_state']) {
     setControl($(`checkpoint.${key}`), ck[key]);
   }
+  $('checkpoint.budget_bytes').value = ck.budget_bytes ? String(ck.budget_bytes) : '';
   for (const key of ['batch_size', 'grad_accum_steps', 'steps', 'timed_steps', 'warmup_steps', 'optimizer', 'amp',
     'device', 'seed', 'verify_gradients', 'memory_snapshot', 'memory_early_stop', 'timeout_s']) {
     setControl($(key), spec[key]);

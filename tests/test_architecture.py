@@ -157,17 +157,18 @@ def _python_strings(path: Path) -> list[tuple[int, str]]:
 
 def test_strategy_and_policy_names_are_spelled_only_in_the_strategy_table() -> None:
     # A name as a string ("sequential", 'save_matmuls') outside the table is a second
-    # vocabulary. The baseline's name ("none") is also a CSS and English word, so it counts
-    # only on a line about a strategy. Docstrings and comments are prose and may name them.
-    names = {n for n in STRATEGIES if n != BASELINE} | {p.value for p in SelectivePolicy}
+    # vocabulary. A name that is also another word ("none": CSS and English; "auto": a
+    # device) counts only on a line about a strategy. Docstrings and comments are prose.
+    shared = {BASELINE, "auto"}
+    names = {n for n in STRATEGIES if n not in shared} | {p.value for p in SelectivePolicy}
     hits = []
     for path in _product_files("*.py"):
         lines = (ROOT / path).read_text().splitlines()
         for n, value in _python_strings(path):
-            if value in names or (value == BASELINE and "strateg" in lines[n - 1].lower()):
+            if value in names or (value in shared and "strateg" in lines[n - 1].lower()):
                 hits.append(f"{path}:{n}: {lines[n - 1].strip()}")
     quoted = re.compile(r"""(["'`])(""" + "|".join(map(re.escape, sorted(names))) + r""")\1""")
-    baseline = re.compile(r"""strateg.*(["'`])""" + re.escape(BASELINE) + r"""\1""", re.IGNORECASE)
+    baseline = re.compile(r"""strateg.*(["'`])(""" + "|".join(sorted(shared)) + r""")\1""", re.IGNORECASE)
     comment = re.compile(r"^\s*(//|\*|/\*|<!--)")
     for path in _product_files("*.js", "*.html"):
         for n, line in enumerate((ROOT / path).read_text().splitlines(), 1):

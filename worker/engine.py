@@ -40,7 +40,9 @@ import torch
 
 from ckptlab.explain import findings, peak_sentence
 from ckptlab.spec import ExperimentSpec
+from ckptlab.strategies import get_strategy
 from ckptlab.summary import RunSummary
+from worker.autoplan import plan_for_budget
 from worker.errors import RunError, RunOutOfMemory
 from worker.gradcheck import verify_gradients
 from worker.hostmem import is_out_of_memory, oom_details
@@ -101,6 +103,7 @@ def run_experiment(
     caught: list[str] = []
     where = {"phase": "setup", "step": 0}
     meter: Meter | None = None
+    planned = None
     build = _copies(model, spec) if model is not None else None
     with warnings.catch_warnings(record=True) as wlist:
         warnings.simplefilter("always")
@@ -111,9 +114,11 @@ def run_experiment(
         try:
             dev = resolve_device(device or spec.device)
             check_supported(spec, dev)
-            check = verify_gradients(spec, dev, build) if spec.verify_gradients else {}
+            planned = plan_for_budget(spec, dev, build) if get_strategy(spec.checkpoint.strategy).planned else None
+            ranges = planned.ranges if planned is not None else None
+            check = verify_gradients(spec, dev, build, ranges) if spec.verify_gradients else {}
             meter = Meter(dev, spec.memory_limit_bytes)
-            summary = _measure(RunContext(spec, dev, meter, where, on_step), build, snapshot_path)
+            summary = _measure(RunContext(spec, dev, meter, where, on_step), build, snapshot_path, ranges)
         except RunError as exc:
             exc.warnings = warnings_so_far()
             raise
@@ -138,6 +143,10 @@ def run_experiment(
             raise RunError(f"{type(exc).__name__}: {exc}", warnings=warnings_so_far()) from exc
         caught = warnings_so_far()
     summary.update(check)
+    if planned is not None:
+        summary["plan"] = planned.summary()
+        summary["budget_bytes"] = planned.budget_bytes
+        summary["predicted_peak_bytes"] = planned.plan.predicted_peak_bytes
     summary["findings"] = findings(spec, summary)
     summary["peak_explanation"] = peak_sentence(summary, optimizer=spec.optimizer)
     summary["warnings"] = caught + [f"ckptlab: {f['message']}" for f in summary["findings"]]
@@ -169,7 +178,12 @@ def _finite_or_none(value: Any) -> Any:
     return value
 
 
-def _measure(run: RunContext, build: Callable[[], Built] | None, snapshot_path: str | None) -> dict[str, Any]:
+def _measure(
+    run: RunContext,
+    build: Callable[[], Built] | None,
+    snapshot_path: str | None,
+    ranges: list[tuple[int, int]] | None = None,
+) -> dict[str, Any]:
     """Set the device up, run the memory pass and the timed pass, put the device back and
     summarize (see the module docstring)."""
     spec, dev, meter = run.spec, run.dev, run.meter
@@ -184,7 +198,7 @@ def _measure(run: RunContext, build: Callable[[], Built] | None, snapshot_path: 
         warnings.warn("memory_snapshot needs CUDA; no snapshot recorded on CPU", stacklevel=2)
     try:
         with meter.mode():
-            run.build(build)
+            run.build(build, ranges)
             run.memory_pass()
             if meter.cuda:  # the allocator's statistics cost nothing: timed steps keep their readings
                 run.timed_pass()

@@ -49,12 +49,15 @@ def _forward_bytes(dev: torch.device, forward, known: list[torch.Tensor]) -> tup
 
 
 def verify_gradients(
-    spec: ExperimentSpec, dev: torch.device, build: Callable[[], Built] | None = None
+    spec: ExperimentSpec,
+    dev: torch.device,
+    build: Callable[[], Built] | None = None,
+    ranges: list[tuple[int, int]] | None = None,
 ) -> dict[str, Any]:
     """Compare one step's gradients with and without the spec's checkpointing, parameter by
     parameter, and count the reference's activation bytes. ``build`` makes a fresh copy of
     the model (default: :func:`worker.models.build_model` of ``spec.model``; a model in
-    hand passes a deep copy).
+    hand passes a deep copy). ``ranges``: a planned strategy's groups (``auto``).
 
     Both models start from the same weights (the reference's ``state_dict``), see the same
     first batch and the same RNG seed before forward (so dropout draws the same masks in
@@ -113,7 +116,7 @@ def verify_gradients(
     ck.module.load_state_dict(ref.module.state_dict())
     ck.module.to(dev).train()
     ck_params = list(ck.module.parameters())  # identities survive regrouping
-    apply_strategy(ck.blocks, spec.checkpoint, device=dev)
+    apply_strategy(ck.blocks, spec.checkpoint, device=dev, ranges=ranges)
 
     (out_ref, loss_ref), ref_bytes = _forward_bytes(
         dev, lambda: forward(ref), [*ref.module.parameters(), *ref.module.buffers(), x, y]

@@ -60,12 +60,14 @@ class RunContext:
         self.records: list[dict[str, Any]] = []
         self.timed: list[dict[str, Any]] = []
 
-    def build(self, build: Callable[[], Built] | None) -> None:
+    def build(self, build: Callable[[], Built] | None, ranges: list[tuple[int, int]] | None = None) -> None:
         """The checkpointed model (``build()``'s copy, or the spec's) and its optimizer, each
         tensor tagged with its memory category as it is made."""
         meter = self.meter
         meter.set_category(MemoryCategory.PARAMETERS)
-        self.built = build_checkpointed(self.spec, self.dev, on_recompute=meter.on_recompute, build=build)
+        self.built = build_checkpointed(
+            self.spec, self.dev, on_recompute=meter.on_recompute, build=build, ranges=ranges
+        )
         self.params = list(self.built.module.parameters())
         meter.retag(list(self.params) + list(self.built.module.buffers()), MemoryCategory.PARAMETERS)
         meter.set_category(MemoryCategory.OTHER)

@@ -259,12 +259,14 @@ def apply_strategy(
     *,
     device: torch.device,
     on_recompute: RecomputeHook | None = None,
+    ranges: list[tuple[int, int]] | None = None,
 ) -> int:
     """Regroup ``blocks`` in place for ``ck.strategy``; returns the number of wrapped groups.
 
     The groups and how each is wrapped come from the strategy table
     (:mod:`ckptlab.strategies`: ``groups`` and ``mechanism``). Parameters keep their
-    identity (the optimizer may be built before or after).
+    identity (the optimizer may be built before or after). ``ranges``: the groups of a
+    planned strategy (``auto``: :mod:`worker.autoplan`), in place of the table's.
 
     Raises:
         ValueError: an unknown strategy, or one that needs ``use_reentrant=False`` with
@@ -278,7 +280,10 @@ def apply_strategy(
         if strategy.mechanism == Mechanism.CHECKPOINT_WITH_POLICY
         else None
     )
-    ranges = strategy.groups(len(blocks), ck) if strategy.mechanism != Mechanism.KEEP else []
+    if ranges is None:
+        if strategy.planned:
+            raise ValueError(f"strategy {ck.strategy!r} is planned at run time: pass its ranges")
+        ranges = strategy.groups(len(blocks), ck) if strategy.mechanism != Mechanism.KEEP else []
     for start, end in ranges:
         members = [blocks[i] for i in range(start, end)]
         if strategy.mechanism == Mechanism.SAVE_ON_CPU:

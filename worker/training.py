@@ -39,7 +39,11 @@ def make_optimizer(spec: ExperimentSpec, params: list[torch.nn.Parameter]) -> to
 
 
 def build_checkpointed(
-    spec: ExperimentSpec, dev: torch.device, on_recompute=None, build: Callable[[], Built] | None = None
+    spec: ExperimentSpec,
+    dev: torch.device,
+    on_recompute=None,
+    build: Callable[[], Built] | None = None,
+    ranges: list[tuple[int, int]] | None = None,
 ) -> Built:
     """The spec's model seeded with ``spec.seed`` (or ``build()``'s, a model in hand), on
     ``dev`` in train mode, with the spec's checkpointing applied to its blocks
@@ -48,7 +52,7 @@ def build_checkpointed(
     torch.manual_seed(spec.seed)
     built = build() if build is not None else build_model(spec.model)
     built.module.to(dev).train()
-    apply_strategy(built.blocks, spec.checkpoint, device=dev, on_recompute=on_recompute)
+    apply_strategy(built.blocks, spec.checkpoint, device=dev, on_recompute=on_recompute, ranges=ranges)
     return built
 
 

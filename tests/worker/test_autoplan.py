@@ -1,0 +1,85 @@
+"""Strategy ``auto``: the measured peak stays at or under the budget across budgets from
+"just fits" to "nothing to checkpoint", the prediction is close and conservative, the
+gradients are right, and a budget nothing can meet fails at once, saying why."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from ckptlab.planner import sequential_segments
+from tests.factories import make_spec
+from worker.engine import run_experiment
+from worker.errors import RunError
+
+MODELS = {
+    "mlp": {"model.depth": 16, "model.width": 256, "batch_size": 512},
+    "transformer": {
+        "model": {"kind": "transformer", "depth": 8, "d_model": 64, "heads": 4, "seq_len": 64, "vocab_size": 500},
+        "batch_size": 8,
+    },
+    "resnet": {"model": {"kind": "resnet", "depth": 8, "channels": 8, "image_size": 32}, "batch_size": 8},
+}
+
+
+def auto(kind: str, budget: int, **extra):
+    return make_spec(**MODELS[kind], **{"checkpoint.strategy": "auto", "checkpoint.budget_bytes": budget}, **extra)
+
+
+def smallest_and_none_peaks(kind: str) -> tuple[int, int]:
+    none = run_experiment(make_spec(**MODELS[kind]))["peak_allocated_bytes"]
+    with pytest.raises(RunError) as below_fixed:
+        run_experiment(auto(kind, 1))
+    with pytest.raises(RunError) as below_smallest:  # above the fixed memory: profiled, then refused
+        run_experiment(auto(kind, below_fixed.value.details["fixed_bytes"] + 1))
+    return below_smallest.value.details["smallest_reachable_peak_bytes"], none
+
+
+@pytest.mark.parametrize("kind", sorted(MODELS))
+def test_the_measured_peak_stays_under_every_budget_and_the_prediction_is_close(kind):
+    smallest, none = smallest_and_none_peaks(kind)
+    assert smallest is not None and smallest < none
+    budgets = sorted({int(smallest + (none - smallest) * f) + 1 for f in (0.01, 0.2, 0.4, 0.6, 0.8)} | {none * 2})
+    for budget in budgets:
+        s = run_experiment(auto(kind, budget))
+        measured, predicted = s["peak_allocated_bytes"], s["predicted_peak_bytes"]
+        assert measured <= budget, (budget, s["plan"]["segments"])
+        assert measured <= predicted <= measured * 1.05, (budget, predicted, measured)
+        assert s["gradients_match"] is True
+        assert "over_budget" not in {f["code"] for f in s["findings"]}
+        if budget >= none:
+            assert s["plan"]["checkpointed_blocks"] == []
+
+
+def test_the_plan_recomputes_no_more_than_the_best_uniform_split_that_fits():
+    smallest, none = smallest_and_none_peaks("transformer")
+    s = run_experiment(auto("transformer", (smallest + none) // 2))
+    blocks = s["plan"]["blocks"]
+    n = len(blocks)
+    fits = []
+    for k in range(1, n + 1):
+        segs = sequential_segments(n, k)
+        spec = make_spec(**MODELS["transformer"], **{"checkpoint.strategy": "sequential", "checkpoint.segments": k})
+        if run_experiment(spec)["peak_allocated_bytes"] <= s["budget_bytes"]:
+            ranges = [range(seg.start, seg.end) for seg in segs if seg.checkpointed]
+            fits.append(sum(blocks[i]["forward_ms"] for r in ranges for i in r))
+    assert fits, "no uniform split fits: pick a larger budget"
+    assert s["plan"]["recompute_ms"] <= min(fits) + 1e-9
+
+
+def test_a_budget_below_the_fixed_memory_fails_at_once_without_a_step():
+    steps: list[dict] = []
+    start = time.monotonic()
+    with pytest.raises(RunError, match=r"adam state .* alone are .*checkpointing cannot help") as exc:
+        run_experiment(auto("mlp", 1_000_000), on_step=steps.append)
+    assert time.monotonic() - start < 10
+    assert steps == []
+    assert exc.value.details["fixed_bytes"] > 1_000_000
+
+
+def test_auto_needs_a_budget():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="needs budget_bytes"):
+        make_spec(**{"checkpoint.strategy": "auto"})

@@ -1,0 +1,275 @@
+"""Strategy ``auto``: profile the model's blocks once, then plan which to checkpoint for
+``checkpoint.budget_bytes`` with :func:`ckptlab.planner.plan_chain`.
+
+The profile is one un-checkpointed training step of a copy of the model (same weights,
+same first batch), measured with the run's own instruments (the exact live-tensor tracker
+on CPU, the allocator on CUDA):
+
+- per block (forward hooks): bytes alive after its forward minus before (``retained``),
+  its input and output bytes, its forward time (ms) and its parameters' gradient bytes;
+- the fixed memory: parameters and buffers, the optimizer state after the step, the
+  gradients of parameters outside the blocks;
+- the forward-and-backward peak, from which the planner's calibration constant is taken,
+  and the optimizer step's own peak.
+
+Before anything runs, a budget below parameters + gradients + optimizer state (computed
+from the parameters and the optimizer, no step needed) fails at once with the reason.
+
+Example usage (what the engine does)::
+
+    plan = plan_for_budget(spec, dev, build)
+    apply_strategy(blocks, spec.checkpoint, device=dev, ranges=plan.ranges)
+
+Known limitations:
+    - The profile step runs without checkpointing: on a device where the un-checkpointed
+      step does not fit, ``auto`` cannot profile (Rotor profiles block by block instead).
+    - The blocks must form a chain that the model's own forward runs once each, in order
+      (the engine's contract for every kind).
+    - On CUDA the allocator rounds allocations up (512 B blocks) and keeps workspaces; the
+      profile sees them as the run will, but cuBLAS workspaces created after the profile
+      step are not in the calibration.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ckptlab.explain import format_bytes
+from ckptlab.planner import BlockProfile, ChainPlan, NoPlanFits, plan_chain, smallest_peak_plan
+from ckptlab.spec import ExperimentSpec
+from ckptlab.strategies import BASELINE
+from worker.errors import RunError
+from worker.meter import Meter, optimizer_tensors, storage_bytes
+from worker.models import Built
+from worker.strategies import first_tensor
+from worker.training import autocast_for, build_checkpointed, make_optimizer
+
+__all__ = ["BudgetPlan", "plan_for_budget", "fixed_bytes_before_running"]
+
+#: Bytes of Adam's per-parameter state per gradient byte (``exp_avg``, ``exp_avg_sq``).
+_STATE_PER_GRAD_BYTE = {"adam": 2, "adamw": 2, "sgd": 0}
+
+
+@dataclass
+class BudgetPlan:
+    """The plan ``auto`` runs and what it was made from.
+
+    Attributes:
+        plan: the planner's answer (segments, checkpointed blocks, recomputation ms,
+            predicted peak bytes).
+        budget_bytes: the budget asked for.
+        blocks: the block profiles the plan was made from.
+        fixed_bytes: parameters + optimizer state + gradients outside the blocks (bytes).
+        calibration_bytes: the planner's ``head_bytes``: what the part after the blocks
+            holds at the end of forward, calibrated on the profile step.
+        optimizer_peak_bytes: the optimizer step's own peak (bytes; no plan changes it).
+        profile_ms: wall time of profiling and planning, ms.
+    """
+
+    plan: ChainPlan
+    budget_bytes: int
+    blocks: list[BlockProfile] = field(default_factory=list)
+    fixed_bytes: int = 0
+    calibration_bytes: int = 0
+    optimizer_peak_bytes: int = 0
+    profile_ms: float = 0.0
+
+    @property
+    def ranges(self) -> list[tuple[int, int]]:
+        """Half-open block ranges of the checkpointed segments (``apply_strategy``'s ``ranges``)."""
+        return [(s.start, s.end) for s in self.plan.segments if s.checkpointed]
+
+    def summary(self) -> dict[str, Any]:
+        """The run summary's ``plan`` field."""
+        return {
+            "segments": [[s.start, s.end, s.checkpointed] for s in self.plan.segments],
+            "checkpointed_blocks": list(self.plan.checkpointed_blocks),
+            "recompute_ms": self.plan.recompute_ms,
+            "fixed_bytes": self.fixed_bytes,
+            "calibration_bytes": self.calibration_bytes,
+            "optimizer_peak_bytes": self.optimizer_peak_bytes,
+            "profile_ms": self.profile_ms,
+            "blocks": [
+                {
+                    "retained_bytes": b.retained_bytes,
+                    "input_bytes": b.input_bytes,
+                    "output_bytes": b.out_bytes,
+                    "param_bytes": b.param_bytes,
+                    "forward_ms": b.forward_ms,
+                }
+                for b in self.blocks
+            ],
+        }
+
+
+def fixed_bytes_before_running(spec: ExperimentSpec, module: torch.nn.Module) -> tuple[int, str]:
+    """Parameters + buffers + gradients + optimizer state of ``module`` under ``spec``'s
+    optimizer (bytes), counted from the tensors without running a step, and a sentence
+    naming the parts. Adam/AdamW keep two tensors the size of each gradient
+    (``exp_avg``, ``exp_avg_sq``; torch.optim.Adam docs); SGD without momentum none."""
+    params = storage_bytes(iter([*module.parameters(), *module.buffers()]))
+    grads = storage_bytes(p for p in module.parameters() if p.requires_grad)
+    state = _STATE_PER_GRAD_BYTE[spec.optimizer] * grads
+    words = f"parameters {format_bytes(params)} + gradients {format_bytes(grads)}"
+    if state:
+        words += f" + {spec.optimizer} state {format_bytes(state)}"
+    return params + grads + state, words
+
+
+def plan_for_budget(spec: ExperimentSpec, dev: torch.device, build: Callable[[], Built] | None) -> BudgetPlan:
+    """Profile a copy of the model and plan for ``spec.checkpoint.budget_bytes``.
+
+    Raises:
+        RunError: no plan fits: the budget is below the fixed memory (found before any
+            step runs), or below the smallest reachable peak, or below the optimizer
+            step's own peak; the message gives the smallest reachable peak and why.
+    """
+    t0 = time.perf_counter()
+    budget = spec.checkpoint.budget_bytes
+    assert budget is not None  # the spec requires it for a planned strategy
+    baseline = spec.checkpoint.model_copy(update={"strategy": BASELINE})
+    unplanned = spec.model_copy(update={"checkpoint": baseline})
+    torch.manual_seed(spec.seed)
+    meter = Meter(dev, None)
+    with meter.mode():
+        built = build_checkpointed(unplanned, dev, build=build)
+        fixed, words = fixed_bytes_before_running(spec, built.module)
+        if fixed >= budget:
+            raise RunError(
+                f"no plan fits a budget of {format_bytes(budget)}: {words} alone are {format_bytes(fixed)}, "
+                "before any activation; checkpointing cannot help: use a smaller model, an optimizer with "
+                "less state (sgd) or a larger budget",
+                details={"budget_bytes": budget, "fixed_bytes": fixed},
+            )
+        step = _profile_step(spec, dev, meter, built)
+    profiles = step.blocks
+    params = list(built.module.parameters())
+    block_grads = sum(b.param_bytes for b in profiles)
+    outside = storage_bytes(p for p in params if p.requires_grad) - block_grads
+    if spec.grad_accum_steps > 1:  # later micro-batches run forward with every gradient alive
+        outside += block_grads
+        profiles = [BlockProfile(b.retained_bytes, b.input_bytes, b.forward_ms, b.out_bytes, 0) for b in profiles]
+    state = storage_bytes(optimizer_tensors(step.optimizer))
+    # Alive throughout forward and backward: what was alive when the forward started
+    # (parameters, the batch), the optimizer state (it did not exist yet in the profile
+    # step) and the stem's activations. At the end of forward the part after the blocks
+    # holds the rest of the un-checkpointed peak; that "head" term is calibrated so that the
+    # model predicts the profile step's own peak exactly.
+    fixed = step.start_bytes + state + step.stem_bytes
+    head = max(step.peak_bytes - step.start_bytes - step.stem_bytes - sum(b.retained_bytes for b in profiles), 0)
+    model = {"fixed_bytes": fixed, "head_bytes": head, "backward_bytes": outside}
+    opt_peak = step.optimizer_peak_bytes
+    try:
+        if opt_peak > budget:
+            raise NoPlanFits(plan_chain(profiles, budget_bytes=10**18, **model), fixed_bytes=fixed, budget_bytes=budget)
+        plan = plan_chain(profiles, budget_bytes=budget, **model)
+    except NoPlanFits as exc:
+        smallest = max(smallest_peak_plan(profiles, **model).predicted_peak_bytes, opt_peak)
+        why = (
+            f"the optimizer step alone peaks at {format_bytes(opt_peak)}"
+            if opt_peak >= smallest
+            else f"checkpointing every block still keeps {format_bytes(smallest - fixed)} above the fixed memory"
+        )
+        raise RunError(
+            f"no plan fits a budget of {format_bytes(budget)}: the smallest reachable peak is "
+            f"{format_bytes(smallest)} ({why}; fixed memory {format_bytes(fixed)}): lower the batch size "
+            "or the sequence length, or raise the budget",
+            details={"budget_bytes": budget, "fixed_bytes": fixed, "smallest_reachable_peak_bytes": smallest},
+        ) from exc
+    if opt_peak > plan.predicted_peak_bytes:
+        plan = ChainPlan(plan.segments, plan.checkpointed_blocks, plan.recompute_ms, opt_peak)
+    return BudgetPlan(
+        plan=plan,
+        budget_bytes=budget,
+        blocks=profiles,
+        fixed_bytes=fixed,
+        calibration_bytes=head,
+        optimizer_peak_bytes=opt_peak,
+        profile_ms=(time.perf_counter() - t0) * 1e3,
+    )
+
+
+@dataclass
+class _ProfileStep:
+    blocks: list[BlockProfile]
+    start_bytes: int  # live when the forward started: parameters, the batch
+    stem_bytes: int  # added between the forward's start and the first block
+    peak_bytes: int  # the forward-and-backward peak
+    optimizer_peak_bytes: int
+    optimizer: torch.optim.Optimizer
+
+
+def _profile_step(spec: ExperimentSpec, dev: torch.device, meter: Meter, built: Built) -> _ProfileStep:
+    """One un-checkpointed step with forward hooks on every block (see the module docstring)."""
+    probe = meter.probe
+    params = list(built.module.parameters())
+    opt = make_optimizer(spec, params)
+    seen: dict[int, tuple[int, float, int]] = {}
+    profiles: list[BlockProfile | None] = [None] * len(built.blocks)
+    hooks = []
+
+    def pre(i: int):
+        def hook(module, args, kwargs):
+            meter.sync()
+            hidden = args[0] if args else next(iter(kwargs.values()), None)
+            seen[i] = (probe.live_bytes, time.perf_counter(), _bytes(hidden))
+
+        return hook
+
+    def post(i: int):
+        def hook(module, args, output):
+            meter.sync()
+            live, start, in_bytes = seen[i]
+            grads = storage_bytes(p for p in module.parameters() if p.requires_grad)
+            profiles[i] = BlockProfile(
+                retained_bytes=probe.live_bytes - live,
+                input_bytes=in_bytes,
+                forward_ms=(time.perf_counter() - start) * 1e3,
+                output_bytes=_bytes(first_tensor(output)),
+                param_bytes=grads,
+            )
+
+        return hook
+
+    for i, block in enumerate(built.blocks):
+        hooks.append(block.register_forward_pre_hook(pre(i), with_kwargs=True))
+        hooks.append(block.register_forward_hook(post(i)))
+    autocast = autocast_for(spec, dev)
+    try:
+        x, y = built.make_batch(spec.batch_size, torch.Generator().manual_seed(spec.seed))
+        x, y = x.to(dev), y.to(dev)
+        meter.sync()
+        probe.reset_peak()
+        start = probe.live_bytes
+        with autocast():
+            out = built.module(x)
+        loss = built.loss_fn(out, y) / spec.grad_accum_steps
+        for h in hooks:
+            h.remove()
+        loss.backward()
+        meter.sync()
+        fb_peak = probe.peak_bytes
+        del out, loss, x, y
+        probe.reset_peak()
+        opt.step()
+        meter.sync()
+        opt_peak = probe.peak_bytes
+        opt.zero_grad(set_to_none=True)
+    finally:
+        for h in hooks:
+            h.remove()
+    missing = [i for i, p in enumerate(profiles) if p is None]
+    if missing:
+        raise RunError(f"blocks {missing} did not run in the model's forward: auto needs every block in the chain")
+    stem = seen[0][0] - start
+    return _ProfileStep([p for p in profiles if p is not None], start, stem, fb_peak, opt_peak, opt)
+
+
+def _bytes(value: Any) -> int:
+    """Storage bytes of a tensor (0 for anything else)."""
+    return value.untyped_storage().nbytes() if isinstance(value, torch.Tensor) else 0
