@@ -19,7 +19,7 @@ from fastapi_offline import FastAPIOffline
 from sqlalchemy.exc import DataError, IntegrityError, OperationalError
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
-from backend.api import experiments, meta, sweeps
+from backend.api import experiments, meta, plans, sweeps
 from backend.deps import WRITE_METHODS, require_write_token
 from backend.encoding import SafeJSONResponse
 from backend.middleware import MAX_JSON_DEPTH, AllowEveryMethod, BodySizeLimit, WriteGuard
@@ -170,6 +170,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     api = APIRouter(prefix="/api", dependencies=auth)
     api.include_router(experiments.router)
     api.include_router(sweeps.router)
+    api.include_router(plans.router)
     api.include_router(meta.router)
 
     app.include_router(api)

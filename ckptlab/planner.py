@@ -9,28 +9,29 @@ and the bytes retained so far, after Chen et al. 2016 §4 (arXiv 1604.06174) and
 restricted to PyTorch's non-reentrant ``checkpoint`` (a checkpointed segment keeps its input
 and is recomputed once during backward).
 
-The memory model (bytes; ``F`` = fixed memory: parameters and optimizer state, plus the
-gradients of parameters outside the blocks; ``c`` = a calibration constant for what the
-model does not see: the batch, the loss, the stem and head, gradient buffers in flight):
+The memory model (bytes; ``F`` = what is alive throughout: parameters, optimizer state,
+the batch, the stem's activations, a margin; Rotor's model, with each block's
+temporaries measured rather than derived):
 
 - After forward, an un-checkpointed block ``i`` keeps ``retained_bytes[i]`` (the bytes it
   created that are still alive right after its forward, its output included). A
-  checkpointed segment ``[s, e)`` keeps its input (already counted: it is the output of the
-  block or segment before it, or the stem's) and its output, ``output_bytes[e - 1]``, which
-  the next block saves or the next checkpoint keeps. (The first version of this model
-  forgot that output when an un-checkpointed block followed, and under-predicted by up to
-  30%: issue 21.)
-- Backward runs the segments in reverse. When segment ``k`` is processed, every earlier
-  segment still holds what it kept, segment ``k`` holds all its blocks' ``retained_bytes``
-  (recomputed if it is checkpointed, with its kept output still alive), and the gradients
-  of the parameters of every later block exist (``param_bytes``; those of segment ``k``'s
-  own blocks are counted too, conservatively).
-- Predicted peak = ``max(F + c + max(kept after forward, max_k backward_k),
-  optimizer_peak)``; ``optimizer_peak`` is the optimizer step's own peak, which no plan
-  changes.
+  checkpointed segment ``[s, e)`` keeps its input (already counted: the output of what came
+  before) and its output, ``output_bytes[e - 1]``, which the next block saves or the next
+  checkpoint keeps, plus ``checkpoint_bytes`` (the RNG state). (The first version of this
+  model forgot that output when an un-checkpointed block followed, and under-predicted by
+  up to 30%: issue 21.)
+- A block's forward (and its recomputation) holds ``forward_bytes`` of temporaries on top
+  of what it keeps.
+- Backward runs the segments in reverse. Segment ``k`` is recomputed whole when its
+  backward starts (non-reentrant checkpoint), with the gradient of its output waiting; then
+  block ``j``'s backward holds everything the earlier segments keep, the retained bytes of
+  its own segment up to ``j``, the gradients of the later blocks' parameters
+  (``param_bytes``), the gradient of its output and ``backward_bytes``.
+- At the end of forward the part after the blocks holds ``head_bytes``, calibrated on the
+  un-checkpointed profile step so that the model predicts that step's peak.
+- Predicted peak = ``max(F + max(every term above), optimizer_peak)``; ``optimizer_peak`` is
+  the optimizer step's own peak, which no plan changes.
 
-The calibration ``c`` comes from the un-checkpointed profile step: its measured forward
-and backward peak minus ``F`` minus the model's activation peak without checkpointing.
 Pure Python, no torch: the engine profiles, this
 module decides.
 """
@@ -68,6 +69,12 @@ class BlockProfile:
         output_bytes: bytes of the block's output (what a checkpointed segment ending here
             keeps); None: the same as ``input_bytes`` (a shape-preserving block).
         param_bytes: bytes of the gradients of the block's parameters (default 0).
+        backward_bytes: the most bytes the block's backward adds above what is alive when
+            the gradient of its output arrives: its parameters' gradients, the gradient it
+            passes on, temporaries (default 0).
+        forward_bytes: the most bytes the block's forward holds above what it keeps at
+            its end: temporaries it frees before returning (default 0). A recomputation
+            holds them again, on top of everything alive in backward.
     """
 
     retained_bytes: int
@@ -75,6 +82,8 @@ class BlockProfile:
     forward_ms: float
     output_bytes: int | None = None
     param_bytes: int = 0
+    backward_bytes: int = 0
+    forward_bytes: int = 0
 
     @property
     def out_bytes(self) -> int:
@@ -137,30 +146,36 @@ class NoPlanFits(ValueError):
 
 
 def _activation_peak(
-    blocks: Sequence[BlockProfile], segments: Sequence[Segment], head: int = 0, backward: int = 0
+    blocks: Sequence[BlockProfile], segments: Sequence[Segment], head: int = 0, backward: int = 0, ckpt: int = 0
 ) -> int:
     """The plan's peak above ``F + c``: the bytes kept after forward plus ``head`` (what the
-    stem-to-loss part beyond the blocks holds then), or the most that processing one
-    segment in backward holds, plus ``backward`` (gradients outside the blocks) and the
-    gradient arriving at its output (see the module's memory model)."""
-    grads_after = [0] * (len(blocks) + 1)
-    for i in range(len(blocks) - 1, -1, -1):
+    part after the blocks holds then), or the most that one block's backward holds (see the
+    module's memory model), plus ``backward`` (gradients outside the blocks) while the
+    blocks run backward."""
+    n = len(blocks)
+    grads_after = [0] * (n + 1)
+    for i in range(n - 1, -1, -1):
         grads_after[i] = grads_after[i + 1] + blocks[i].param_bytes
     kept_before, peak = 0, 0
     for seg in segments:
-        members = blocks[seg.start : seg.end]
-        full = sum(b.retained_bytes for b in members)
-        if seg.checkpointed:  # recomputed whole, its kept output still alive
-            own = members[-1].out_bytes
-            flight = own  # the gradient arriving at its output
-            peak = max(peak, kept_before + own + full + grads_after[seg.start] + flight + backward)
-            kept_before += own
-        else:  # each block's backward: what it and the blocks before keep, later gradients
-            for i in range(seg.start, seg.end):
-                kept_before += blocks[i].retained_bytes
-                flight = blocks[i].out_bytes
-                peak = max(peak, kept_before + grads_after[i] + flight + backward)
+        alive = kept_before
+        incoming = grads_after[seg.end] + blocks[seg.end - 1].out_bytes + backward
+        for i in range(seg.start, seg.end):  # recomputed (or kept) up to block i
+            b = blocks[i]
+            peak = max(peak, alive + b.retained_bytes + b.forward_bytes)  # its forward
+            if seg.checkpointed:  # its recomputation, the gradient of the segment's output waiting
+                peak = max(peak, alive + b.retained_bytes + b.forward_bytes + incoming)
+            alive += b.retained_bytes
+            peak = max(peak, alive + _backward_extra(blocks, i, grads_after) + backward)
+        kept_before = kept_before + blocks[seg.end - 1].out_bytes + ckpt if seg.checkpointed else alive
     return max(peak, kept_before + head)
+
+
+def _backward_extra(blocks: Sequence[BlockProfile], i: int, grads_after: Sequence[int]) -> int:
+    """What block ``i``'s backward holds besides the kept bytes: the gradients of later
+    blocks, the gradient of its output, and what its backward adds."""
+    b = blocks[i]
+    return grads_after[i + 1] + b.out_bytes + b.backward_bytes
 
 
 def predict_peak(
@@ -171,11 +186,16 @@ def predict_peak(
     calibration_bytes: int = 0,
     head_bytes: int = 0,
     backward_bytes: int = 0,
+    checkpoint_bytes: int = 0,
 ) -> int:
     """The predicted peak allocated bytes of ``segments`` (see the module's memory model;
     ``head_bytes`` counts at the end of forward only, ``backward_bytes`` while the blocks
     run backward)."""
-    return fixed_bytes + calibration_bytes + _activation_peak(blocks, segments, head_bytes, backward_bytes)
+    return (
+        fixed_bytes
+        + calibration_bytes
+        + _activation_peak(blocks, segments, head_bytes, backward_bytes, checkpoint_bytes)
+    )
 
 
 def recompute_ms(blocks: Sequence[BlockProfile], segments: Sequence[Segment]) -> float:
@@ -200,20 +220,32 @@ def sequential_segments(n: int, segments: int) -> tuple[Segment, ...]:
 
 
 def _plan(
-    blocks: Sequence[BlockProfile], segments: Sequence[Segment], fixed: int, calib: int, head: int = 0, bwd: int = 0
+    blocks: Sequence[BlockProfile],
+    segments: Sequence[Segment],
+    fixed: int,
+    calib: int,
+    head: int = 0,
+    bwd: int = 0,
+    ckpt: int = 0,
 ) -> ChainPlan:
     return ChainPlan(
         segments=tuple(segments),
         checkpointed_blocks=tuple(i for s in segments if s.checkpointed for i in range(s.start, s.end)),
         recompute_ms=recompute_ms(blocks, segments),
         predicted_peak_bytes=predict_peak(
-            blocks, segments, fixed_bytes=fixed, calibration_bytes=calib, head_bytes=head, backward_bytes=bwd
+            blocks,
+            segments,
+            fixed_bytes=fixed,
+            calibration_bytes=calib,
+            head_bytes=head,
+            backward_bytes=bwd,
+            checkpoint_bytes=ckpt,
         ),
     )
 
 
 def _solve(
-    blocks: Sequence[BlockProfile], limit: int, unit: int, head: int = 0, backward: int = 0
+    blocks: Sequence[BlockProfile], limit: int, unit: int, head: int = 0, backward: int = 0, ckpt: int = 0
 ) -> tuple[Segment, ...] | None:
     """Segments with the least recomputation whose activation peak (:func:`_activation_peak`)
     is at most ``limit``.
@@ -246,19 +278,24 @@ def _solve(
         best: tuple[float, tuple[Segment, ...]] | None = None
         # block i run normally: it keeps its activations (also during its backward)
         kept = units(blocks[i].retained_bytes)
-        flight = units(blocks[i].out_bytes + backward)
-        if m + kept + units(grads_after[i]) + flight <= budget_units:
+        holds = max(units(blocks[i].forward_bytes), units(_backward_extra(blocks, i, grads_after) + backward))
+        if m + kept + holds <= budget_units:
             rest = f(i + 1, m + kept)
             if rest is not None:
                 best = (rest[0], (Segment(i, i + 1, False), *rest[1]))
+        worst = 0  # the most a block of the segment [i, j) holds in backward, above m
+        forward_worst = 0  # the most a block's forward holds above m, recomputation aside
         for j in range(i + 1, n + 1):
-            own = units(blocks[j - 1].out_bytes)
-            flight = units(blocks[j - 1].out_bytes + backward)
-            if m + own + units(prefix[j] - prefix[i]) + units(grads_after[i]) + flight > budget_units:
-                if m + units(prefix[j] - prefix[i]) > budget_units:
-                    break  # longer segments only recompute more
+            k = j - 1
+            before_k = units(prefix[k] - prefix[i]) + units(blocks[k].retained_bytes + blocks[k].forward_bytes)
+            forward_worst = max(forward_worst, before_k)
+            worst = max(worst, units(prefix[j] - prefix[i]) + units(_backward_extra(blocks, k, grads_after) + backward))
+            if m + max(worst, forward_worst) > budget_units:
+                break  # longer segments only hold more
+            incoming = units(grads_after[j] + blocks[k].out_bytes + backward)
+            if m + forward_worst + incoming > budget_units:
                 continue
-            rest = f(j, m + own)
+            rest = f(j, m + units(blocks[k].out_bytes + ckpt))
             if rest is None:
                 continue
             cost = times[j] - times[i] + rest[0]
@@ -295,6 +332,7 @@ def plan_chain(
     calibration_bytes: int = 0,
     head_bytes: int = 0,
     backward_bytes: int = 0,
+    checkpoint_bytes: int = 0,
     resolution: int = 1024,
 ) -> ChainPlan:
     """The plan with the least recomputation whose predicted peak is at most ``budget_bytes``.
@@ -310,6 +348,8 @@ def plan_chain(
             (default 0).
         backward_bytes: what is alive while the blocks run backward besides the blocks'
             own bytes: the gradients of the parameters outside the blocks (default 0).
+        checkpoint_bytes: what each checkpoint keeps besides its input, from its forward
+            to its backward: the RNG state with ``preserve_rng_state`` (default 0).
         resolution: bytes are counted in ``activation budget / resolution`` units, rounded
             up (default 1024: a plan may be up to 1/1024 of the budget more conservative than
             the exact optimum; the time is optimal for the rounded sizes).
@@ -323,22 +363,25 @@ def plan_chain(
     """
     if not blocks:
         raise ValueError("a chain needs at least one block")
-    extra = {"head": head_bytes, "bwd": backward_bytes}
+    extra = {"head": head_bytes, "bwd": backward_bytes, "ckpt": checkpoint_bytes}
+    model = (head_bytes, backward_bytes, checkpoint_bytes)
     limit = budget_bytes - fixed_bytes - calibration_bytes
     if limit > 0:
         unit = max(1, math.ceil(limit / resolution))
-        found = _solve(blocks, limit, unit, head_bytes, backward_bytes)
+        found = _solve(blocks, limit, unit, *model)
         # The uniform splits are checked with exact bytes too, so that rounding never makes
         # the plan cost more than the best checkpoint_sequential setting that fits.
         options = [found] if found is not None else []
         options += [sequential_segments(len(blocks), k) for k in range(1, len(blocks) + 1)]
         if found is None:  # near the smallest peak, rounding may hide the one plan that fits
-            smallest = smallest_peak_plan(blocks, head_bytes=head_bytes, backward_bytes=backward_bytes)
+            smallest = smallest_peak_plan(
+                blocks, head_bytes=head_bytes, backward_bytes=backward_bytes, checkpoint_bytes=checkpoint_bytes
+            )
             options.append(smallest.segments)
         fitting = [
             _plan(blocks, segs, fixed_bytes, calibration_bytes, **extra)
             for segs in options
-            if _activation_peak(blocks, segs, head_bytes, backward_bytes) <= limit
+            if _activation_peak(blocks, segs, *model) <= limit
         ]
         if fitting:
             return min(fitting, key=lambda p: (p.recompute_ms, p.predicted_peak_bytes, len(p.checkpointed_blocks)))
@@ -349,6 +392,7 @@ def plan_chain(
             calibration_bytes=calibration_bytes,
             head_bytes=head_bytes,
             backward_bytes=backward_bytes,
+            checkpoint_bytes=checkpoint_bytes,
         ),
         fixed_bytes=fixed_bytes,
         budget_bytes=budget_bytes,
@@ -362,6 +406,7 @@ def smallest_peak_plan(
     calibration_bytes: int = 0,
     head_bytes: int = 0,
     backward_bytes: int = 0,
+    checkpoint_bytes: int = 0,
 ) -> ChainPlan:
     """The plan with the smallest predicted peak (the least recomputation among those).
 
@@ -369,15 +414,16 @@ def smallest_peak_plan(
     monotone in the limit), to 1/1024 of the un-checkpointed activation peak.
     """
     n = len(blocks)
-    hi = _activation_peak(blocks, (Segment(0, n, False),), head_bytes, backward_bytes)
+    model = (head_bytes, backward_bytes, checkpoint_bytes)
+    hi = _activation_peak(blocks, (Segment(0, n, False),), *model)
     lo = 0
     unit = max(1, math.ceil(hi / 1024))
-    best = _solve(blocks, hi, unit, head_bytes, backward_bytes) or (Segment(0, n, False),)
+    best = _solve(blocks, hi, unit, *model) or (Segment(0, n, False),)
     while hi - lo > unit:
         mid = (lo + hi) // 2
-        found = _solve(blocks, mid, unit, head_bytes, backward_bytes)
+        found = _solve(blocks, mid, unit, *model)
         if found is None:
             lo = mid
         else:
             hi, best = mid, found
-    return _plan(blocks, best, fixed_bytes, calibration_bytes, head_bytes, backward_bytes)
+    return _plan(blocks, best, fixed_bytes, calibration_bytes, *model)

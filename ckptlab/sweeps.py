@@ -27,8 +27,8 @@ from pydantic import BaseModel, ValidationError
 from ckptlab.hf import HF_ARCHITECTURES
 from ckptlab.limits import limit_errors
 from ckptlab.settings import Settings
-from ckptlab.spec import MODEL_KINDS, ExperimentSpec
-from ckptlab.strategies import BASELINE
+from ckptlab.spec import MODEL_KINDS, CheckpointSpec, ExperimentSpec
+from ckptlab.strategies import BASELINE, STRATEGIES, get_strategy
 
 __all__ = [
     "SweepError",
@@ -39,11 +39,16 @@ __all__ = [
     "set_path",
     "is_checkpoint_axis",
     "axis_label",
+    "canonical",
+    "reads",
     "AXIS_NAMES",
     "plan_sweep",
 ]
 
 CHECKPOINT_PREFIX = "checkpoint."
+STRATEGY_PATH = "checkpoint.strategy"
+#: The checkpoint fields a strategy may read (``Strategy.fields``); the others are reset.
+CHECKPOINT_FIELDS = ("segments", "every", "policy", "budget_bytes", "use_reentrant", "preserve_rng_state")
 #: How the well-known axes read: path -> (short name in labels, one value, several values).
 #: Served by ``GET /api/meta`` (``sweep_axes``); other paths read as their last component.
 AXIS_NAMES: dict[str, tuple[str, str, str]] = {
@@ -238,7 +243,25 @@ def _validate(data: dict[str, Any], settings: Settings | None) -> tuple[Experime
         errors = limit_errors(spec, settings, loc=())
         if errors:
             return None, [{"loc": e["loc"], "msg": e["msg"], "type": e["type"]} for e in errors]
-    return spec, []
+    return canonical(spec), []
+
+
+def canonical(spec: ExperimentSpec) -> ExperimentSpec:
+    """``spec`` with the checkpoint fields its strategy does not read (the strategy table's
+    ``fields``) at their defaults: two settings that run the same (``per_block`` with
+    segments 2 or 4) are one spec, so a sweep queues it once."""
+    strategy = get_strategy(spec.checkpoint.strategy)
+    defaults = CheckpointSpec()
+    reset = {f: getattr(defaults, f) for f in CHECKPOINT_FIELDS if f not in strategy.fields}
+    return spec.model_copy(update={"checkpoint": spec.checkpoint.model_copy(update=reset)})
+
+
+def reads(strategy: str | None, path: str) -> bool:
+    """Whether a run of ``strategy`` reads the checkpoint field at ``path`` (True for paths
+    outside ``checkpoint.``, for ``checkpoint.strategy`` and for unknown strategies)."""
+    if not is_checkpoint_axis(path) or path == STRATEGY_PATH or strategy not in STRATEGIES:
+        return True
+    return path[len(CHECKPOINT_PREFIX) :] in STRATEGIES[strategy].fields
 
 
 def plan_sweep(

@@ -16,7 +16,7 @@ from ckptlab.domain import FINISHED_STATUSES, Status
 from ckptlab.stats import NOISE_THRESHOLD_PCT, RatioInterval, ratio_ci
 from ckptlab.strategies import BASELINE, STRATEGIES
 from ckptlab.summary import RunSummary
-from ckptlab.sweeps import axis_label, get_path, is_checkpoint_axis
+from ckptlab.sweeps import axis_label, get_path, is_checkpoint_axis, reads
 
 __all__ = [
     "Progress",
@@ -107,8 +107,8 @@ class SweepRow:
         experiment_id: the experiment.
         status: its status.
         role: ``baseline`` (``checkpoint.strategy`` is ``none``) or ``run``.
-        values: axis path -> value (checkpoint axes are None for baselines, except
-            ``checkpoint.strategy``).
+        values: axis path -> value (None for a checkpoint axis the run's strategy does not
+            read: segments of a baseline or of per_block; :func:`ckptlab.sweeps.reads`).
         group: the values of the non-checkpoint axes (which baseline applies).
         baseline_id: the experiment id of the matching baseline (its first run), or None.
         repeat_of: for a baseline's second run (queued after the sweep's runs), the first
@@ -202,11 +202,10 @@ def sweep_rows(sweep: Sweep, *, noise_threshold_pct: float = NOISE_THRESHOLD_PCT
     rows: list[SweepRow] = []
     for exp in sorted(sweep.experiments, key=lambda e: e.id):
         spec = exp.spec or {}
-        baseline = get_path(spec, "checkpoint.strategy") == BASELINE
-        values = {
-            p: (None if baseline and is_checkpoint_axis(p) and p != "checkpoint.strategy" else get_path(spec, p))
-            for p in paths
-        }
+        strategy = str(get_path(spec, "checkpoint.strategy") or BASELINE)
+        baseline = strategy == BASELINE
+        # An axis the run's strategy does not read (segments of per_block) has no value here.
+        values = {p: (get_path(spec, p) if reads(strategy, p) else None) for p in paths}
         summary = RunSummary.load(exp.summary)
         rows.append(
             SweepRow(
@@ -219,7 +218,7 @@ def sweep_rows(sweep: Sweep, *, noise_threshold_pct: float = NOISE_THRESHOLD_PCT
                 metrics={k: getattr(summary, k) for k in ROW_METRICS},
                 gradients_match=summary.gradients_match,
                 error=exp.error.splitlines()[0] if exp.error else None,
-                label=axis_label(values, [p for p in paths if not (baseline and values[p] is None)]) or "base",
+                label=axis_label(values, [p for p in paths if reads(strategy, p)]) or "base",
                 strategy=str(get_path(spec, "checkpoint.strategy") or BASELINE),
                 simplicity=_simplicity(spec),
                 findings=[f.code for f in summary.findings],

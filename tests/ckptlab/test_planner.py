@@ -32,7 +32,18 @@ def all_segmentations(n: int):
 
 def chain(n: int, seed: int) -> list[BlockProfile]:
     rng = random.Random(seed)
-    return [BlockProfile(rng.randint(50, 400), rng.randint(10, 100), rng.uniform(0.5, 3.0)) for _ in range(n)]
+    return [
+        BlockProfile(
+            rng.randint(50, 400),
+            rng.randint(10, 100),
+            rng.uniform(0.5, 3.0),
+            output_bytes=rng.randint(10, 100),
+            param_bytes=rng.randint(0, 60),
+            backward_bytes=rng.randint(0, 200),
+            forward_bytes=rng.randint(0, 200),
+        )
+        for _ in range(n)
+    ]
 
 
 @pytest.mark.parametrize("seed", range(6))

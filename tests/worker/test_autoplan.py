@@ -9,6 +9,7 @@ import time
 import pytest
 
 from ckptlab.planner import sequential_segments
+from ckptlab.spec import ExperimentSpec
 from tests.factories import make_spec
 from worker.engine import run_experiment
 from worker.errors import RunError
@@ -83,3 +84,30 @@ def test_auto_needs_a_budget():
 
     with pytest.raises(ValidationError, match="needs budget_bytes"):
         make_spec(**{"checkpoint.strategy": "auto"})
+
+
+@pytest.mark.usefixtures("no_network")
+@pytest.mark.parametrize("architecture", ["llama", "gpt2", "resnet"])
+def test_auto_plans_hugging_face_models_whose_layers_take_keyword_arguments(architecture):
+    from ckptlab.hf import HF_ARCHITECTURES
+    from tests.factories import hf_model, spec_dict
+
+    def spec(**checkpoint):  # the architecture's small example: enough blocks for a plan
+        # batch 16 for the ResNet: at 2 its peak is Adam's step, which no plan lowers
+        body = spec_dict(steps=2, batch_size=16 if architecture == "resnet" else 2)
+        body["model"] = hf_model(architecture, **HF_ARCHITECTURES[architecture].public()["example"])
+        body["checkpoint"] = {**body["checkpoint"], **checkpoint}
+        return ExperimentSpec.model_validate(body)
+
+    none = run_experiment(spec())["peak_allocated_bytes"]
+    with pytest.raises(RunError) as below_fixed:
+        run_experiment(spec(strategy="auto", budget_bytes=1))
+    with pytest.raises(RunError) as below_smallest:
+        run_experiment(spec(strategy="auto", budget_bytes=below_fixed.value.details["fixed_bytes"] + 1))
+    smallest = below_smallest.value.details["smallest_reachable_peak_bytes"]
+    assert smallest < none
+    for budget in (smallest + 1, (smallest + none) // 2):
+        s = run_experiment(spec(strategy="auto", budget_bytes=budget))
+        assert s["peak_allocated_bytes"] <= budget and s["gradients_match"] is True
+        assert s["peak_allocated_bytes"] <= s["predicted_peak_bytes"] <= s["peak_allocated_bytes"] * 1.05
+        assert s["plan"]["checkpointed_blocks"], "a budget under the un-checkpointed peak needs checkpointing"

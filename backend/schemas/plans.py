@@ -1,0 +1,85 @@
+"""Schemas of ``/api/plans``: a plan for a memory budget and its verdict."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ByteSize, ConfigDict, Field, StringConstraints, field_validator
+
+from backend.schemas.common import examples
+from backend.schemas.sweeps import RecommendationPublic
+from ckptlab.presets import EXAMPLE_SWEEP
+from ckptlab.spec import MAX_MEMORY_LIMIT_BYTES, find_unstorable
+
+__all__ = ["PlanCreate", "PlanPointPublic", "PlanPublic"]
+
+
+class PlanCreate(BaseModel):
+    """What to plan: a model and batch (an experiment spec without its checkpoint setting)
+    and the memory budget, in bytes or with a unit (``"24 GiB"``, ``"1.5GB"``: pydantic's
+    ``ByteSize``; GiB is 2**30, GB 10**9)."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"base": EXAMPLE_SWEEP["base"], "budget": "2 MiB"}]},
+    )
+
+    name: Annotated[str, StringConstraints(min_length=1, max_length=200, strip_whitespace=True)] | None = None
+    base: dict[str, Any] = Field(description="the experiment spec to plan for (fields as in ExperimentCreate)")
+    budget: ByteSize = Field(description="the memory budget for the peak: bytes, or a size such as '24 GiB'")
+
+    @field_validator("budget")
+    @classmethod
+    def _in_range(cls, value: ByteSize) -> ByteSize:
+        if not 1 <= value <= MAX_MEMORY_LIMIT_BYTES:
+            raise ValueError(f"budget must be between 1 byte and {MAX_MEMORY_LIMIT_BYTES} bytes (1 PiB)")
+        return value
+
+    @field_validator("name", "base")
+    @classmethod
+    def _storable(cls, value: Any) -> Any:
+        bad = find_unstorable(value)
+        if bad is not None:
+            raise ValueError(bad[2])
+        return value
+
+
+class PlanPointPublic(BaseModel):
+    """One run of a plan: its label, strategy, peak and step time, and whether it fits."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+    experiment_id: int
+    label: str
+    strategy: str
+    status: str
+    peak_allocated_bytes: int | None
+    step_time_ms: float | None
+    overhead_text: str | None = Field(description="step time against the baseline, with its 95% CI")
+    fits: bool | None = Field(description="its measured peak is at or under the budget (null: not measured yet)")
+    on_front: bool = Field(description="no other run is both faster and lower in peak")
+    predicted_peak_bytes: int | None = Field(None, description="the auto run's predicted peak")
+
+
+class PlanPublic(BaseModel):
+    """A plan's verdict: the budget, every point, the auto run's plan and the pick."""
+
+    model_config = ConfigDict(from_attributes=True) | examples(
+        {
+            "sweep_id": 3,
+            "name": "plan: mlp 8×64 under 2.0 MiB",
+            "budget_bytes": 2097152,
+            "finished": True,
+            "points": [],
+            "plan": {"segments": [[0, 4, True], [4, 8, False]], "checkpointed_blocks": [0, 1, 2, 3]},
+            "recommendation": None,
+        }
+    )
+
+    sweep_id: int = Field(description="the sweep that holds the plan's runs (GET /api/sweeps/{id})")
+    name: str
+    budget_bytes: int
+    finished: bool
+    points: list[PlanPointPublic]
+    plan: dict[str, Any] | None = Field(description="the auto run's plan: segments [start, end, checkpointed], ...")
+    recommendation: RecommendationPublic | None
