@@ -5,10 +5,11 @@
  *   #/new?mode=sweep&preset=mlp72                    new experiment or sweep
  *   #/experiments/<id>                               one experiment, live per-step charts
  *   #/sweeps/<id>?budget=2GiB&overhead=20&sort=peak  one sweep: charts, runs, recommendation
+ *   #/plans/<id>                                     a plan for a memory budget and its verdict
  *
  * Modules: util.js (the server's vocabulary, formatting, API), live.js (resumable streams),
  * budget.js (lists, sizes, budgets; no DOM), charts.js (Plotly figures),
- * form.js, sweep_plan.js (the server's dry run), list.js, experiment.js, sweep.js.
+ * form.js, sweep_plan.js (the server's dry run), list.js, experiment.js, sweep.js, plan.js.
  */
 
 import { $, META, apiToken, parseHash, setApiToken, setAuthHandler, setConnectionHandler } from './util.js';
@@ -16,6 +17,7 @@ import { initForm, showNew } from './form.js';
 import { hideList, initList, showList } from './list.js';
 import { hideExperiment, initExperiment, showExperiment } from './experiment.js';
 import { hideSweep, initSweep, showSweep } from './sweep.js';
+import { hidePlan, showPlan } from './plan.js';
 
 let sweepSeed = null; // the POST /api/sweeps answer, shown at once on the new sweep's page
 
@@ -72,6 +74,7 @@ function route() {
   hideList();
   hideExperiment();
   hideSweep();
+  hidePlan();
   let m;
   if ((m = /^\/experiments\/(\d+)\/?$/.exec(path))) {
     showView('view-experiment');
@@ -81,6 +84,9 @@ function route() {
     const seed = sweepSeed;
     sweepSeed = null;
     showSweep(Number(m[1]), params, seed);
+  } else if ((m = /^\/plans\/(\d+)\/?$/.exec(path))) {
+    showView('view-plan');
+    showPlan(Number(m[1]));
   } else if (path === '/new') {
     showView('view-new');
     showNew(params);

@@ -11,6 +11,7 @@ import { fillHf, initHfFields, resetHf } from './form_hf.js';
 /** The presets (ckptlab/presets.py): name -> {spec, axes}. */
 const PRESETS = META.presets;
 import { autoName, dropPendingPlan, showSweepPlan } from './sweep_plan.js';
+import { planSummary, submitPlan } from './plan.js';
 
 const form = $('experiment-form');
 
@@ -20,6 +21,10 @@ let planTimer = null;
 
 function isSweep() {
   return form.elements.namedItem('mode').value === 'sweep';
+}
+
+function isPlan() {
+  return form.elements.namedItem('mode').value === 'plan';
 }
 
 function kind() {
@@ -68,6 +73,9 @@ function syncVisibility() {
     }
   }
   form.classList.toggle('is-sweep', isSweep());
+  form.classList.toggle('is-plan', isPlan());
+  $('plan-budget').disabled = !isPlan();
+  if (isPlan()) for (const c of $('checkpoint-fieldset').querySelectorAll('input, select')) c.disabled = true;
   for (const axis of form.querySelectorAll('.axis')) {
     const toggle = axis.querySelector('[data-axis]');
     axis.classList.toggle('on', toggle.checked);
@@ -111,6 +119,15 @@ function updatePlan() {
   const notes = $('plan-notes');
   const { spec } = readSpec();
   const button = $('submit');
+  if (isPlan()) {
+    dropPendingPlan();
+    box.dataset.total = '';
+    box.replaceChildren(planSummary(spec, $('plan-budget').value));
+    notes.replaceChildren();
+    button.textContent = 'Plan for this budget';
+    $('request-preview').textContent = JSON.stringify({ base: spec, budget: $('plan-budget').value.trim() }, null, 2);
+    return;
+  }
   if (!isSweep()) {
     dropPendingPlan();
     box.dataset.total = '1';
@@ -266,6 +283,13 @@ async function onSubmit(event) {
   button.disabled = true;
   button.textContent = 'Submitting…';
   try {
+    if (isPlan()) {
+      const r = await submitPlan(spec, $('plan-budget').value);
+      if (r.ok && r.body) navigate(`#/plans/${r.body.sweep_id}`);
+      else if (r.status === 422 && r.body && Array.isArray(r.body.detail)) showValidationErrors(r.body.detail);
+      else showFormError(`The server refused the plan (HTTP ${r.status}): ${detailText(r.body)}`);
+      return;
+    }
     const r = sweep
       ? await api('/api/sweeps', {
         json: { name: $('sweep-name').value.trim() || autoName(spec, axesRead.axes), base: spec, axes: axesRead.axes },
@@ -332,7 +356,7 @@ export function fillForm(spec, { axes } = {}) {
 
 function setMode(mode) {
   form.elements.namedItem('mode').value = mode;
-  setHashParams({ mode: mode === 'sweep' ? 'sweep' : null });
+  setHashParams({ mode: mode === 'experiment' ? null : mode });
   clearErrors();
   updatePlan();
 }
@@ -381,7 +405,7 @@ export function initForm(opts) {
 
 /** Route #/new?mode=sweep&preset=tiny */
 export function showNew(params) {
-  const mode = params.get('mode') === 'sweep' ? 'sweep' : 'experiment';
+  const mode = ['sweep', 'plan'].includes(params.get('mode')) ? params.get('mode') : 'experiment';
   form.elements.namedItem('mode').value = mode;
   const preset = params.get('preset');
   if (preset && PRESETS[preset]) fillForm(PRESETS[preset].spec, { axes: PRESETS[preset].axes });

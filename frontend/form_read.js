@@ -4,10 +4,10 @@
 
 import { parseBytes, parseList } from './budget.js';
 
-/** Enabled controls whose name is a spec path (not the mode, the sweep name or an axis). */
+/** Enabled controls whose name is a spec path (not the mode, the sweep name, an axis or the plan's budget). */
 function specControls(form) {
   return Array.from(form.querySelectorAll('[name]')).filter(
-    (c) => c.name !== 'mode' && c.name !== 'name' && !c.name.startsWith('axes.') && !c.matches(':disabled'),
+    (c) => c.name !== 'mode' && c.name !== 'name' && !/^(axes|plan)\./.test(c.name) && !c.matches(':disabled'),
   );
 }
 
