@@ -49,6 +49,7 @@ __all__ = [
     "Segment",
     "ChainPlan",
     "predict_peak",
+    "kept_after_forward",
     "recompute_ms",
     "plan_chain",
     "smallest_peak_plan",
@@ -176,6 +177,21 @@ def _backward_extra(blocks: Sequence[BlockProfile], i: int, grads_after: Sequenc
     blocks, the gradient of its output, and what its backward adds."""
     b = blocks[i]
     return grads_after[i + 1] + b.out_bytes + b.backward_bytes
+
+
+def kept_after_forward(
+    blocks: Sequence[BlockProfile], segments: Sequence[Segment], *, checkpoint_bytes: int = 0
+) -> int:
+    """The bytes the blocks keep at the end of forward under ``segments``: every
+    un-checkpointed block's ``retained_bytes``, each checkpointed segment's output and
+    ``checkpoint_bytes`` (see the module's memory model)."""
+    kept = 0
+    for seg in segments:
+        if seg.checkpointed:
+            kept += blocks[seg.end - 1].out_bytes + checkpoint_bytes
+        else:
+            kept += sum(b.retained_bytes for b in blocks[seg.start : seg.end])
+    return kept
 
 
 def predict_peak(

@@ -101,6 +101,10 @@ class RunSummary(BaseModel):
     grad_max_abs: float | None = None
     loss_diff: float | None = None
     reference_activation_bytes: int | None = None
+    # The baseline's blocks (worker.block_profile), recorded in its first memory step.
+    block_profile: list[dict[str, Any]] | None = Field(
+        None, description="per block: retained, input, output, param, forward and backward bytes, forward ms"
+    )
     # Strategy auto (worker.autoplan): the budget, the plan and its predicted peak (bytes).
     budget_bytes: int | None = None
     predicted_peak_bytes: int | None = None

@@ -43,10 +43,10 @@ from ckptlab.explain import format_bytes
 from ckptlab.planner import BlockProfile, ChainPlan, NoPlanFits, Segment, plan_chain, smallest_peak_plan
 from ckptlab.spec import ExperimentSpec
 from ckptlab.strategies import BASELINE
+from worker.block_profile import BlockRecorder, profile_record
 from worker.errors import RunError
 from worker.meter import Meter, optimizer_tensors, storage_bytes
 from worker.models import Built
-from worker.strategies import first_tensor
 from worker.training import autocast_for, build_checkpointed, make_optimizer
 
 __all__ = ["BudgetPlan", "plan_for_budget", "fixed_bytes_before_running"]
@@ -104,18 +104,7 @@ class BudgetPlan:
             "calibration_bytes": self.calibration_bytes,
             "optimizer_peak_bytes": self.optimizer_peak_bytes,
             "profile_ms": self.profile_ms,
-            "blocks": [
-                {
-                    "retained_bytes": b.retained_bytes,
-                    "input_bytes": b.input_bytes,
-                    "output_bytes": b.out_bytes,
-                    "param_bytes": b.param_bytes,
-                    "forward_ms": b.forward_ms,
-                    "backward_bytes": b.backward_bytes,
-                    "forward_bytes": b.forward_bytes,
-                }
-                for b in self.blocks
-            ],
+            "blocks": [profile_record(b) for b in self.blocks],
         }
 
 
@@ -230,105 +219,32 @@ class _ProfileStep:
 
 
 def _profile_step(spec: ExperimentSpec, dev: torch.device, meter: Meter, built: Built) -> _ProfileStep:
-    """One un-checkpointed step with forward hooks on every block (see the module docstring)."""
+    """One un-checkpointed step with every block recorded (:class:`worker.block_profile.BlockRecorder`)."""
     probe = meter.probe
-    params = list(built.module.parameters())
-    opt = make_optimizer(spec, params)
-    seen: dict[int, tuple[int, float, int]] = {}
-    profiles: list[BlockProfile | None] = [None] * len(built.blocks)
-    hooks = []
-    # Each block's backward runs between the gradient of its output arriving and the
-    # gradient of its input leaving (tensor hooks): the tracker's window peak in between,
-    # above the live bytes at its start, is what the backward adds.
-    backward_start: dict[int, int] = {}
-    backward_extra: dict[int, int] = {}
-    windowed = hasattr(probe, "reset_window")
-
-    def output_grad(i: int):
-        def hook(grad):
-            meter.sync()
-            backward_start[i] = probe.live_bytes
-            if windowed:
-                probe.reset_window()
-
-        return hook
-
-    def input_grad(i: int):
-        def hook(grad):
-            meter.sync()
-            top = probe.window_peak_bytes if windowed else probe.live_bytes
-            backward_extra[i] = max(top - backward_start.get(i, top), 0)
-
-        return hook
-
-    def pre(i: int):
-        def hook(module, args, kwargs):
-            meter.sync()
-            hidden = args[0] if args else next(iter(kwargs.values()), None)
-            seen[i] = (probe.live_bytes, time.perf_counter(), _bytes(hidden))
-            if windowed:
-                probe.reset_window()
-            if isinstance(hidden, torch.Tensor) and hidden.requires_grad:
-                hidden.register_hook(input_grad(i))
-
-        return hook
-
-    def post(i: int):
-        def hook(module, args, output):
-            meter.sync()
-            live, start, in_bytes = seen[i]
-            grads = storage_bytes(p for p in module.parameters() if p.requires_grad)
-            hidden = first_tensor(output)
-            if isinstance(hidden, torch.Tensor) and hidden.requires_grad:
-                hidden.register_hook(output_grad(i))
-            after = probe.live_bytes
-            top = probe.window_peak_bytes if windowed else after
-            profiles[i] = BlockProfile(
-                retained_bytes=after - live,
-                forward_bytes=max(top - after, 0),
-                input_bytes=in_bytes,
-                forward_ms=(time.perf_counter() - start) * 1e3,
-                output_bytes=_bytes(first_tensor(output)),
-                param_bytes=grads,
-            )
-
-        return hook
-
-    for i, block in enumerate(built.blocks):
-        hooks.append(block.register_forward_pre_hook(pre(i), with_kwargs=True))
-        hooks.append(block.register_forward_hook(post(i)))
+    opt = make_optimizer(spec, list(built.module.parameters()))
     autocast = autocast_for(spec, dev)
-    try:
-        x, y = built.make_batch(spec.batch_size, torch.Generator().manual_seed(spec.seed))
-        x, y = x.to(dev), y.to(dev)
-        meter.sync()
-        probe.reset_peak()
-        start = probe.live_bytes
+    x, y = built.make_batch(spec.batch_size, torch.Generator().manual_seed(spec.seed))
+    x, y = x.to(dev), y.to(dev)
+    meter.sync()
+    probe.reset_peak()
+    start = probe.live_bytes
+    with BlockRecorder(built.blocks, meter) as recorder:
         with autocast():
             out = built.module(x)
         loss = built.loss_fn(out, y) / spec.grad_accum_steps
-        for h in hooks:
-            h.remove()
+        recorder.stop_forward()
         loss.backward()
         meter.sync()
         fb_peak = probe.peak_bytes
-        for i in backward_start.keys() - backward_extra.keys():  # its input needs no gradient
-            top = probe.window_peak_bytes if windowed else fb_peak
-            backward_extra[i] = max(top - backward_start[i], 0)
-        del out, loss, x, y
-        probe.reset_peak()
-        opt.step()
-        meter.sync()
-        opt_peak = probe.peak_bytes
-        opt.zero_grad(set_to_none=True)
-    finally:
-        for h in hooks:
-            h.remove()
-    missing = [i for i, p in enumerate(profiles) if p is None]
-    if missing:
-        raise RunError(f"blocks {missing} did not run in the model's forward: auto needs every block in the chain")
-    stem = seen[0][0] - start
-    blocks = [replace(p, backward_bytes=backward_extra.get(i, 0)) for i, p in enumerate(profiles) if p is not None]
+        recorder.finish_backward(fb_peak)
+    del out, loss, x, y
+    probe.reset_peak()
+    opt.step()
+    meter.sync()
+    opt_peak = probe.peak_bytes
+    opt.zero_grad(set_to_none=True)
+    blocks = recorder.profiles()
+    stem = (recorder.first_live if recorder.first_live is not None else start) - start
     return _ProfileStep(blocks, start, stem, fb_peak, opt_peak, opt)
 
 
@@ -340,8 +256,3 @@ def _rng_bytes(spec: ExperimentSpec, dev: torch.device) -> int:
         return 0
     cuda = torch.cuda.get_rng_state(dev).nbytes if dev.type == "cuda" else 0
     return int(torch.get_rng_state().nbytes) + int(cuda)
-
-
-def _bytes(value: Any) -> int:
-    """Storage bytes of a tensor (0 for anything else)."""
-    return value.untyped_storage().nbytes() if isinstance(value, torch.Tensor) else 0

@@ -15,7 +15,9 @@ import torch
 from ckptlab.domain import MemoryCategory
 from ckptlab.spec import ExperimentSpec
 from ckptlab.stats import describe
+from ckptlab.strategies import BASELINE
 from ckptlab.summary import StepRecord
+from worker.block_profile import BlockRecorder
 from worker.memory import CATEGORIES
 from worker.meter import Meter, growth_per_step, memory_is_flat, optimizer_tensors, tag_optimizer_state
 from worker.models import Built
@@ -59,6 +61,7 @@ class RunContext:
         self.gen = torch.Generator().manual_seed(spec.seed)
         self.records: list[dict[str, Any]] = []
         self.timed: list[dict[str, Any]] = []
+        self.block_profile: list[dict[str, Any]] | None = None
 
     def build(self, build: Callable[[], Built] | None, ranges: list[tuple[int, int]] | None = None) -> None:
         """The checkpointed model (``build()``'s copy, or the spec's) and its optimizer, each
@@ -85,7 +88,14 @@ class RunContext:
         spec = self.spec
         for step in range(1, spec.steps + 1):
             self.where["step"] = step
-            self.records.append(self._one_step())
+            if step == 1 and spec.checkpoint.strategy == BASELINE:
+                # The baseline's blocks, recorded once: what each keeps and passes on (the
+                # expected curve of a segments sweep, issue 23).
+                with BlockRecorder(self.built.blocks, self.meter) as recorder:
+                    self.records.append(self._one_step())
+                self.block_profile = recorder.public()
+            else:
+                self.records.append(self._one_step())
             self.records[-1]["extra"]["pass"] = "memory"
             self._emit(self.records[-1])
             if spec.memory_early_stop and memory_is_flat(self.records, spec.warmup_steps):
@@ -131,6 +141,8 @@ class RunContext:
             "environment": env,
             "torch_version": torch.__version__,
         }
+        if self.block_profile is not None:
+            summary["block_profile"] = self.block_profile
         if cuda:
             summary["reserved_bytes"] = max(r["reserved_bytes"] for r in records)
             used = [r["extra"]["nvml_used_bytes"] for r in records if r["extra"]["nvml_used_bytes"] is not None]

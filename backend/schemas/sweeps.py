@@ -268,7 +268,7 @@ class ChartPublic(BaseModel):
         {
             "data": [
                 {"type": "scatter", "name": "activation rng=on amp=off", "x": [2, 4], "y": [327680, 196608]},
-                {"type": "scatter", "name": "segment law", "x": [1, 2, 4], "y": [524288, 327680, 196608]},
+                {"type": "scatter", "name": "expected", "x": [1, 2, 4], "y": [524288, 327680, 196608]},
             ],
             "layout": {"title": {"text": "Memory against segments"}},
         }

@@ -1,9 +1,12 @@
 """Plotly figures of a sweep, built on the server (``plotly.graph_objects``).
 
 - ``memory_vs_segments``: activation and peak bytes against ``checkpoint.segments``, one
-  line per combination of the other axes, with the segment law of ``ckptlab/law.py``
-  (after the domain notes, ``../shared/docs/domain.md``: ``retained(N) ~= (N-1)*b +
-  last*a``) computed from each baseline.
+  line per combination of the other axes, with the expected activation bytes per segment
+  count computed from each baseline's own blocks (its ``block_profile``: what each block
+  keeps and passes on; :func:`ckptlab.planner.kept_after_forward`), after Chen et al.
+  2016's segment law but without its uniform-block assumption (issue 23: for the
+  transformer that law predicted no saving at 8 segments); no curve for a baseline without
+  a profile, and the title says so.
 - ``time_vs_segments``: step-time overhead against the matching ``none`` baseline, %.
 - ``pareto``: memory against step time for every succeeded experiment; the Pareto frontier
   (no other run is both faster and smaller) is drawn as a line.
@@ -23,8 +26,9 @@ from plotly.subplots import make_subplots
 from backend.services.sweeps import SweepRow, sweep_rows
 from ckptlab.db.models import Sweep
 from ckptlab.domain import Status
-from ckptlab.law import retained_bytes
+from ckptlab.planner import BlockProfile, kept_after_forward, sequential_segments
 from ckptlab.strategies import STRATEGIES
+from ckptlab.summary import RunSummary
 from ckptlab.sweeps import axis_label, get_path
 
 __all__ = ["CHARTS", "build_chart", "pareto_frontier"]
@@ -52,6 +56,14 @@ def _by_segments(name: Any) -> bool:
     """The strategy is set by its segment count (its table entry reads ``segments``)."""
     entry = STRATEGIES.get(str(name))
     return entry is not None and "segments" in entry.fields
+
+
+def _block_profile(summary: Any) -> list[BlockProfile] | None:
+    """The baseline's block profile (``block_profile`` of its summary), or None."""
+    records = RunSummary.load(summary).block_profile
+    if not records:
+        return None
+    return [BlockProfile(r["retained_bytes"], r["input_bytes"], 0.0, output_bytes=r["output_bytes"]) for r in records]
 
 
 def _curves(
@@ -85,7 +97,7 @@ def _layout(title: str, x: str, y: str, **extra: Any) -> dict[str, Any]:
 
 
 def _memory_vs_segments(sweep: Sweep, rows: Sequence[SweepRow], specs: Mapping[int, Mapping[str, Any]]) -> go.Figure:
-    # Activations (with the segment law) get their own axis above the peak: a 0.3-MiB
+    # Activations (with the expected curve) get their own axis above the peak: a 0.3-MiB
     # activation line on a 17-MiB peak axis would lie flat.
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08)
     curves = _curves(rows, specs, list(sweep.axes))
@@ -109,31 +121,38 @@ def _memory_vs_segments(sweep: Sweep, rows: Sequence[SweepRow], specs: Mapping[i
                 col=1,
             )
     by_id = {r.experiment_id: r for r in rows}
+    summaries = {e.id: e.summary for e in sweep.experiments}
     baselines = sorted({r.baseline_id for g in curves.values() for r in g if r.baseline_id is not None})
     usable = [by_id[b] for b in baselines if _done(by_id[b]) and by_id[b].metrics["activation_bytes"]]
+    missing = 0
     for base in usable:
-        depth = get_path(specs[base.experiment_id], "model.depth")
-        if not isinstance(depth, int) or depth < 1:
+        profile = _block_profile(summaries.get(base.experiment_id))
+        if profile is None:
+            missing += 1
             continue
-        a = base.metrics["activation_bytes"] / depth  # bytes one block retains
         top = max([seg[r.experiment_id] for g in curves.values() for r in g if r.baseline_id == base.experiment_id])
-        ns = list(range(1, min(depth, max(top, 1)) + 1))
+        ns = list(range(1, min(len(profile), max(top, 1)) + 1))
+        # What the baseline kept beyond its blocks (stem, head, loss) stays; the blocks keep
+        # what the split leaves them (ckptlab.planner.kept_after_forward).
+        outside = base.metrics["activation_bytes"] - sum(b.retained_bytes for b in profile)
         group = axis_label(base.group)
         fig.add_trace(
             go.Scatter(
                 x=ns,
-                y=[retained_bytes(depth, n, a, a) for n in ns],
+                y=[outside + kept_after_forward(profile, sequential_segments(len(profile), n)) for n in ns],
                 mode="lines",
-                name="segment law" if len(usable) == 1 or not group else f"segment law {group}",
+                name="expected" if len(usable) == 1 or not group else f"expected {group}",
                 line={"dash": "dash", "color": "grey"},
-                hovertemplate="N=%{x}: %{y:.3s}B<extra>(N-1)*b + last*a, a = b = baseline / depth</extra>",
+                hovertemplate="N=%{x}: %{y:.3s}B<extra>from the baseline's blocks: what each keeps and "
+                "passes on (RNG states, a few KiB per checkpoint, not counted)</extra>",
             ),
             row=1,
             col=1,
         )
+    caption = "" if not missing else " (no expected curve: the baseline recorded no block profile)"
     fig.update_layout(
         _layout(
-            "Activations (with the segment law) and peak against segments",
+            f"Activations (expected: dashed) and peak against segments{caption}",
             "checkpoint.segments",
             "activations (bytes)",
             hovermode="x unified",

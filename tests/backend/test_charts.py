@@ -1,4 +1,4 @@
-"""Sweep charts from stored summaries: the segment law, overhead against the baseline, the
+"""Sweep charts from stored summaries: the expected activation curve, overhead against the baseline, the
 Pareto frontier, gradient differences; robust to missing summary keys."""
 
 from __future__ import annotations
@@ -33,7 +33,12 @@ def synthetic(client, db_session):
     sweep = client.post("/api/sweeps", json=body).json()
     # The baseline's second run (queued last) stays queued: charts use what has finished.
     by = {e["values"]["checkpoint.segments"]: e["id"] for e in sweep["experiments"] if e["repeat_of"] is None}
-    _finish(db_session, by[None], {"activation_bytes": 8000, "peak_allocated_bytes": 20000, "step_time_ms": 10.0})
+    blocks = [{"retained_bytes": 1000, "input_bytes": 250, "output_bytes": 250}] * 8
+    _finish(
+        db_session,
+        by[None],
+        {"activation_bytes": 8500, "peak_allocated_bytes": 20000, "step_time_ms": 10.0, "block_profile": blocks},
+    )
     _finish(
         db_session,
         by[2],
@@ -60,15 +65,58 @@ def traces(client, sid, name):
     return {t["name"]: t for t in r.json()["data"]}
 
 
-def test_memory_chart_overlays_the_segment_law(client, synthetic):
+def test_memory_chart_overlays_the_activations_expected_from_the_baselines_blocks(client, synthetic):
     sid, _ = synthetic
     t = traces(client, sid, "memory_vs_segments")
-    assert set(t) == {"activation", "peak", "segment law"}
+    assert set(t) == {"activation", "peak", "expected"}
     assert t["activation"]["x"] == [2, 4, 8] and t["activation"]["y"] == [5200, 5100, None]
     assert t["peak"]["y"] == [17000, 16000, None]
-    # a = b = 8000 / 8 = 1000: retained(N) = (N-1)*1000 + last*1000
-    assert t["segment law"]["x"] == list(range(1, 9))
-    assert t["segment law"]["y"] == [8000, 5000, 6000, 5000, 8000, 8000, 8000, 8000]
+    # 500 B outside the blocks; each checkpointed segment keeps its 250-B output, each
+    # block of the last (un-checkpointed) segment its 1000 B: N=3 -> 2 * 250 + 4 * 1000.
+    assert t["expected"]["x"] == list(range(1, 9))
+    assert t["expected"]["y"] == [8500, 4750, 5000, 3250, 5500, 4750, 4000, 3250]
+
+
+def test_without_a_block_profile_there_is_no_expected_curve_and_the_title_says_why(client, db_session):
+    body = {
+        "name": "old",
+        "base": spec_dict(**{"checkpoint.strategy": "sequential"}),
+        "axes": {"checkpoint.segments": [2]},
+    }
+    sweep = client.post("/api/sweeps", json=body).json()
+    for e in sweep["experiments"]:
+        if e["repeat_of"] is None:
+            _finish(db_session, e["id"], {"activation_bytes": 8000, "peak_allocated_bytes": 9000, "step_time_ms": 1.0})
+    fig = client.get(f"/api/sweeps/{sweep['id']}/charts/memory_vs_segments").json()
+    assert "expected" not in {t["name"] for t in fig["data"]}
+    assert "no expected curve" in fig["layout"]["title"]["text"]
+
+
+@pytest.mark.parametrize(
+    ("model", "batch"),
+    [
+        ({"kind": "transformer", "depth": 8, "d_model": 64, "heads": 4, "seq_len": 64, "vocab_size": 500}, 4),
+        ({"kind": "resnet", "depth": 8, "channels": 8, "image_size": 32}, 4),
+        ({"kind": "densenet", "depth": 8, "growth_rate": 8, "image_size": 16}, 4),
+    ],
+    ids=["transformer", "resnet", "densenet"],
+)
+def test_the_expected_curve_is_within_15_percent_of_the_measured_activations(client, db_session, model, batch):
+    from ckptlab.spec import ExperimentSpec
+    from worker.engine import run_experiment
+
+    base = spec_dict(model=model, batch_size=batch, steps=2, **{"checkpoint.strategy": "sequential"})
+    sweep = client.post(
+        "/api/sweeps", json={"name": "law", "base": base, "axes": {"checkpoint.segments": [1, 2, 4, 8]}}
+    )
+    sid = sweep.json()["id"]
+    while (exp := queue.claim_next(db_session, worker_id="test:1")) is not None:
+        summary = run_experiment(ExperimentSpec.model_validate(exp.spec))
+        queue.finish_experiment(db_session, experiment_id=exp.id, status="succeeded", summary=summary)
+    t = traces(client, sid, "memory_vs_segments")
+    expected = dict(zip(t["expected"]["x"], t["expected"]["y"], strict=True))
+    for n, measured in zip(t["activation"]["x"], t["activation"]["y"], strict=True):
+        assert abs(expected[n] - measured) <= 0.15 * measured, (n, expected[n], measured)
 
 
 def test_time_pareto_and_correctness_charts(client, synthetic):
@@ -85,7 +133,7 @@ def test_time_pareto_and_correctness_charts(client, synthetic):
     assert bars["text"] == ["match", "not verified", "not verified"]
     results = {r["experiment_id"]: r for r in client.get(f"/api/sweeps/{sid}/results").json()["data"]}
     assert results[by[2]]["metrics"]["overhead_pct"] == pytest.approx(20.0)
-    assert results[by[2]]["metrics"]["activation_saving_pct"] == pytest.approx(35.0)
+    assert results[by[2]]["metrics"]["activation_saving_pct"] == pytest.approx(100 * (8500 - 5200) / 8500)
     assert results[by[8]]["metrics"]["overhead_pct"] is None
 
 

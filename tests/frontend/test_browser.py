@@ -110,16 +110,16 @@ def test_sweep_from_form_live_charts_and_recommendation(
             f" === {json.dumps(json.dumps(expected, separators=(',', ':')))}"
         )
     memory = _trace_names(page, "sweep-chart-memory")
-    for trace in ("activation rng=on", "activation rng=off", "peak rng=on", "peak rng=off", "segment law"):
+    for trace in ("activation rng=on", "activation rng=off", "peak rng=on", "peak rng=off", "expected"):
         assert trace in memory, memory
     assert sorted(_trace_names(page, "sweep-chart-time")) == ["overhead rng=off", "overhead rng=on"]
     assert "pareto frontier" in _trace_names(page, "sweep-chart-pareto")
-    # Activations have their own axis, so the segment law is visible: non-zero values inside
+    # Activations have their own axis, so the expected curve is visible: non-zero values inside
     # the plotted range of the axis it is drawn on (not flattened under the peak).
     law_visible = page.evaluate(
         """(() => {
           const d = document.getElementById('sweep-chart-memory');
-          const law = d.data.find((t) => /segment law/.test(t.name));
+          const law = d.data.find((t) => /expected/.test(t.name));
           const peak = d.data.find((t) => /^peak/.test(t.name));
           const axis = (t) => d._fullLayout[(t.yaxis || 'y').replace('y', 'yaxis')];
           const [lo, hi] = axis(law).range;

@@ -1,0 +1,171 @@
+"""What each block of a chain costs, read while a step runs: forward hooks before and after
+every block, and tensor hooks on each block's output and input for its backward.
+
+Per block (bytes from the run's own instruments: the exact live-tensor tracker on CPU, the
+allocator on CUDA; times from ``time.perf_counter``):
+
+- ``retained_bytes``: alive after its forward minus before (its output included);
+- ``forward_bytes``: the most its forward held above that end (temporaries; CPU only);
+- ``backward_bytes``: the most its backward held above what was alive when the gradient of
+  its output arrived (CPU: the tracker's window; CUDA: the live bytes at its end);
+- ``input_bytes``, ``output_bytes``, ``param_bytes`` (its parameters' gradients) and
+  ``forward_ms``.
+
+Example usage::
+
+    with BlockRecorder(built.blocks, meter) as recorder:
+        loss = built.loss_fn(built.module(x), y)
+        recorder.stop_forward()
+        loss.backward()
+    profiles = recorder.profiles()
+
+Known limitations:
+    - A block whose input needs no gradient (the first block without a stem) has no end
+      of backward to observe; :meth:`BlockRecorder.finish_backward` takes the window up to
+      the end of ``backward()`` instead.
+    - The hooks see blocks as the model's forward calls them: a block run twice, or not at
+      all, is an error (:meth:`BlockRecorder.profiles`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import Any
+
+import torch
+from torch import nn
+
+from ckptlab.planner import BlockProfile
+from worker.errors import RunError
+from worker.meter import Meter, storage_bytes
+from worker.strategies import first_tensor
+
+__all__ = ["BlockRecorder", "profile_record", "tensor_bytes"]
+
+
+def tensor_bytes(value: Any) -> int:
+    """Storage bytes of a tensor (0 for anything else)."""
+    return value.untyped_storage().nbytes() if isinstance(value, torch.Tensor) else 0
+
+
+class BlockRecorder:
+    """Records a :class:`ckptlab.planner.BlockProfile` per block of ``blocks`` over one step.
+
+    Attributes:
+        first_live: live bytes when the first block started (the stem's end), or None.
+    """
+
+    def __init__(self, blocks: nn.Sequential | nn.ModuleList, meter: Meter):
+        self.blocks, self.meter, self.probe = blocks, meter, meter.probe
+        self.windowed = hasattr(self.probe, "reset_window")
+        self.first_live: int | None = None
+        self._seen: dict[int, tuple[int, float, int]] = {}
+        self._profiles: list[BlockProfile | None] = [None] * len(blocks)
+        self._backward_start: dict[int, int] = {}
+        self._backward_extra: dict[int, int] = {}
+        self._hooks: list[Any] = []
+
+    def __enter__(self) -> BlockRecorder:
+        for i, block in enumerate(self.blocks):
+            self._hooks.append(block.register_forward_pre_hook(self._pre(i), with_kwargs=True))
+            self._hooks.append(block.register_forward_hook(self._post(i)))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop_forward()
+
+    def stop_forward(self) -> None:
+        """Remove the forward hooks (the tensor hooks of backward stay on their tensors)."""
+        for h in self._hooks:
+            h.remove()
+        self._hooks.clear()
+
+    def _window_top(self) -> int:
+        return self.probe.window_peak_bytes if self.windowed else self.probe.live_bytes
+
+    def _pre(self, i: int):
+        def hook(module, args, kwargs):
+            self.meter.sync()
+            hidden = args[0] if args else next(iter(kwargs.values()), None)
+            if i == 0:
+                self.first_live = self.probe.live_bytes
+            self._seen[i] = (self.probe.live_bytes, time.perf_counter(), tensor_bytes(hidden))
+            if self.windowed:
+                self.probe.reset_window()
+            if isinstance(hidden, torch.Tensor) and hidden.requires_grad:
+                hidden.register_hook(self._input_grad(i))
+
+        return hook
+
+    def _post(self, i: int):
+        def hook(module, args, output):
+            self.meter.sync()
+            live, start, in_bytes = self._seen[i]
+            after = self.probe.live_bytes
+            top = self._window_top() if self.windowed else after
+            hidden = first_tensor(output)
+            if isinstance(hidden, torch.Tensor) and hidden.requires_grad:
+                hidden.register_hook(self._output_grad(i))
+            self._profiles[i] = BlockProfile(
+                retained_bytes=after - live,
+                forward_bytes=max(top - after, 0),
+                input_bytes=in_bytes,
+                forward_ms=(time.perf_counter() - start) * 1e3,
+                output_bytes=tensor_bytes(hidden),
+                param_bytes=storage_bytes(p for p in module.parameters() if p.requires_grad),
+            )
+
+        return hook
+
+    def _output_grad(self, i: int):
+        def hook(grad):
+            self.meter.sync()
+            self._backward_start[i] = self.probe.live_bytes
+            if self.windowed:
+                self.probe.reset_window()
+
+        return hook
+
+    def _input_grad(self, i: int):
+        def hook(grad):
+            self.meter.sync()
+            top = self._window_top()
+            self._backward_extra[i] = max(top - self._backward_start.get(i, top), 0)
+
+        return hook
+
+    def finish_backward(self, backward_peak: int) -> None:
+        """After ``backward()``: a block whose input needed no gradient ends with backward
+        (its window up to now; on CUDA ``backward_peak``)."""
+        for i in self._backward_start.keys() - self._backward_extra.keys():
+            top = self.probe.window_peak_bytes if self.windowed else backward_peak
+            self._backward_extra[i] = max(top - self._backward_start[i], 0)
+
+    def profiles(self) -> list[BlockProfile]:
+        """One profile per block, in order.
+
+        Raises:
+            RunError: a block did not run in the model's forward.
+        """
+        missing = [i for i, p in enumerate(self._profiles) if p is None]
+        if missing:
+            raise RunError(f"blocks {missing} did not run in the model's forward: the blocks must form a chain")
+        return [replace(p, backward_bytes=self._backward_extra.get(i, 0)) for i, p in enumerate(self._profiles)]
+
+    def public(self) -> list[dict[str, Any]]:
+        """The profiles as the run summary stores them (``block_profile``)."""
+        return [profile_record(b) for b in self.profiles()]
+
+
+def profile_record(b: BlockProfile) -> dict[str, Any]:
+    """One block profile as JSON (the run summary's ``block_profile`` and ``plan.blocks``)."""
+    return {
+        "retained_bytes": b.retained_bytes,
+        "input_bytes": b.input_bytes,
+        "output_bytes": b.out_bytes,
+        "param_bytes": b.param_bytes,
+        "forward_ms": b.forward_ms,
+        "backward_bytes": b.backward_bytes,
+        "forward_bytes": b.forward_bytes,
+    }
