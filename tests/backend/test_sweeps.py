@@ -265,7 +265,7 @@ def test_worker_runs_a_2x2x2_sweep_and_its_charts_hold_the_expected_traces(clien
 
     memory = chart("memory_vs_segments")
     expected = {f"{kind} {label(rng, amp)}" for kind in ("activation", "peak") for rng, amp in combos}
-    assert expected | {"segment law amp=off", "segment law amp=bf16"} == set(memory)
+    assert expected | {"expected amp=off", "expected amp=bf16"} == set(memory)
     for rng, amp in combos:
         trace = memory[f"activation {label(rng, amp)}"]
         assert trace["x"] == [2, 4]
@@ -273,11 +273,14 @@ def test_worker_runs_a_2x2x2_sweep_and_its_charts_hold_the_expected_traces(clien
         peak = memory[f"peak {label(rng, amp)}"]
         assert peak["y"] == [runs[(n, rng, amp)]["summary"]["peak_allocated_bytes"] for n in (2, 4)]
     for amp in ("off", "bf16"):
-        law = memory[f"segment law amp={amp}"]
-        a = base[amp]["summary"]["activation_bytes"] / 8
-        # retained(N) = (N-1)*b + last*a with b = a, depth 8: N=1 -> 8a, 2 -> 5a, 3 -> 6a, 4 -> 5a
+        law = memory[f"expected amp={amp}"]
+        # From the baseline's own blocks: no checkpointing keeps what the baseline kept, and
+        # each split keeps about what it measured (RNG states, 5 KiB a checkpoint, aside).
         assert law["x"] == [1, 2, 3, 4]
-        assert law["y"] == pytest.approx([8 * a, 5 * a, 6 * a, 5 * a])
+        assert law["y"][0] == base[amp]["summary"]["activation_bytes"]
+        for n in (2, 4):
+            measured = runs[(n, False, amp)]["summary"]["activation_bytes"]
+            assert law["y"][n - 1] == pytest.approx(measured, rel=0.15)
     # Checkpointing 8 blocks in 4 segments retains less than not checkpointing at all.
     assert runs[(4, True, "off")]["summary"]["activation_bytes"] < base["off"]["summary"]["activation_bytes"]
 
