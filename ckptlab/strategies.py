@@ -161,6 +161,11 @@ class _Missing(dict):
     def __missing__(self, key: str) -> str:
         return "?"
 
+    def __getitem__(self, key: str) -> Any:
+        value = super().__getitem__(key) if key in self else self.__missing__(key)
+        # Byte fields read as bytes ("auto (25,165,824 B)"); the frontend writes MiB.
+        return f"{value:,} B" if key.endswith("_bytes") and isinstance(value, int) else value
+
 
 def _sequential(n: int, ck: _CheckpointFields) -> list[tuple[int, int]]:
     # torch.utils.checkpoint.checkpoint_sequential: len // segments blocks per segment, the
@@ -286,7 +291,7 @@ register_strategy(
     Strategy(
         name="auto",
         summary="the least recomputation that fits a memory budget",
-        label="auto ({budget_bytes} B)",
+        label="auto ({budget_bytes})",
         fields=("budget_bytes", *_FLAGS),
         mechanism=Mechanism.CHECKPOINT,
         groups=lambda n, ck: [],  # planned at run time (worker.autoplan)

@@ -138,7 +138,8 @@ export function strategyLabel(spec) {
   const c = { strategy: BASELINE, ...((spec && spec.checkpoint) || {}) };
   const entry = STRATEGY.get(c.strategy);
   if (!entry) return String(c.strategy);
-  return entry.label.replace(/\{(\w+)\}/g, (_, key) => (c[key] === undefined ? '?' : String(c[key])));
+  const text = (key) => (c[key] === undefined || c[key] === null ? '?' : key.endsWith('_bytes') ? fmtBytes(c[key]) : String(c[key]));
+  return entry.label.replace(/\{(\w+)\}/g, (_, key) => text(key));
 }
 
 /** Whether a spec's strategy recomputes through torch.utils.checkpoint (the flags matter). */

@@ -240,9 +240,10 @@ def sweep_results(
     summary="A chart of a sweep as a Plotly figure",
 )
 def sweep_chart(session: SessionDep, sweep_id: SweepId, name: ChartName) -> ChartPublic:
-    """``memory_vs_segments`` (with the curve expected from the baseline's blocks), ``time_vs_segments`` (overhead against
-    the baseline, %), ``pareto`` (memory against time, frontier marked) or ``correctness``
-    (gradient difference per run). Another name gets 422 listing the valid ones."""
+    """``memory_vs_segments`` (with the curve expected from the baseline's blocks),
+    ``time_vs_segments`` (overhead against the baseline, %), ``pareto`` (memory against
+    time, frontier marked) or ``correctness`` (gradient difference per run). Another name
+    gets 422 listing the valid ones."""
     sweep = _get_or_404(session, sweep_id)
     return ChartPublic.model_validate(charts.build_chart(sweep, name=name))
 

@@ -51,6 +51,7 @@ def test_every_groups_cover_all_blocks_the_last_one_shorter():
 def test_labels_fill_the_template_and_mark_missing_fields():
     assert get_strategy("sequential").label_for({"segments": 4}) == "sequential (4)"
     assert get_strategy("selective").label_for({"every": 2}) == "selective (?, every 2)"
+    assert get_strategy("auto").label_for({"budget_bytes": 25165824}) == "auto (25,165,824 B)"
 
 
 def test_simplicity_orders_by_rank_then_the_strategys_own_fields():
