@@ -232,6 +232,10 @@ class CheckpointSpec(_Strict):
         budget_bytes: for ``auto``: the memory budget (peak allocated bytes) to plan for;
             the engine profiles the blocks and checkpoints the least it can
             (``worker.autoplan``). Required by ``auto``.
+        activation_memory_budget: for ``compile_budget``: the fraction (0 to 1) of the
+            activation memory ``torch.compile``'s min-cut partitioner may save
+            (``torch._functorch.config.activation_memory_budget``; 1.0: save what the
+            default partitioner saves, 0.0: recompute everything it can). Default 0.5.
     """
 
     strategy: StrategyName = BASELINE
@@ -242,6 +246,9 @@ class CheckpointSpec(_Strict):
     preserve_rng_state: StrictBool = True
     budget_bytes: SpecInt | None = Field(
         None, ge=1, le=MAX_MEMORY_LIMIT_BYTES, description="memory budget (bytes) of strategy 'auto'"
+    )
+    activation_memory_budget: float = Field(
+        0.5, ge=0.0, le=1.0, description="fraction of activation memory torch.compile may save ('compile_budget')"
     )
 
 

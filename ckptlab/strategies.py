@@ -62,6 +62,11 @@ class Mechanism(StrEnum):
     #: ``torch.autograd.graph.save_on_cpu`` per group: no recomputation, the tensors saved
     #: for backward live in host memory (pinned on CUDA).
     SAVE_ON_CPU = "save_on_cpu"
+    #: ``torch.compile`` per group with ``torch._functorch.config.activation_memory_budget``:
+    #: the compiler's min-cut partitioner chooses what to save and what to recompute
+    #: (PyTorch blog "Activation checkpointing techniques", 2025). Its memory is read from
+    #: the allocator (the CPU tracker cannot watch compiled code: issue 21).
+    COMPILE = "compile"
 
 
 class SelectivePolicy(StrEnum):
@@ -125,6 +130,11 @@ class Strategy:
         return self.mechanism in (Mechanism.CHECKPOINT, Mechanism.CHECKPOINT_WITH_POLICY)
 
     @property
+    def compiles(self) -> bool:
+        """It runs its groups under ``torch.compile`` (compile time is reported apart)."""
+        return self.mechanism == Mechanism.COMPILE
+
+    @property
     def needs_non_reentrant(self) -> bool:
         """It needs ``use_reentrant=False`` (PyTorch: ``context_fn`` requires it)."""
         return self.mechanism == Mechanism.CHECKPOINT_WITH_POLICY
@@ -136,7 +146,10 @@ class Strategy:
     def simplicity(self, checkpoint: Mapping[str, Any]) -> tuple:
         """A sort key, simplest first: the rank, then :attr:`order_by`."""
         values = [(sign, checkpoint.get(f)) for f, sign in self.order_by]
-        return (self.rank, *(sign * v if isinstance(v, int) else 0 for sign, v in values))
+        return (
+            self.rank,
+            *(sign * v if isinstance(v, (int, float)) and not isinstance(v, bool) else 0 for sign, v in values),
+        )
 
     def public(self) -> dict[str, Any]:
         """What ``GET /api/meta`` serves of it (the frontend's only source)."""
@@ -147,6 +160,7 @@ class Strategy:
             "fields": list(self.fields),
             "recomputes": self.recomputes,
             "needs_non_reentrant": self.needs_non_reentrant,
+            "compiles": self.compiles,
             "rank": self.rank,
             "sweep_default": self.sweep_default,
             "baseline": self.name == BASELINE,
@@ -297,5 +311,17 @@ register_strategy(
         groups=lambda n, ck: [],  # planned at run time (worker.autoplan)
         rank=50,
         planned=True,
+    )
+)
+register_strategy(
+    Strategy(
+        name="compile_budget",
+        summary="torch.compile with an activation memory budget (0-1)",
+        label="compile_budget ({activation_memory_budget})",
+        fields=("activation_memory_budget",),
+        mechanism=Mechanism.COMPILE,
+        groups=lambda n, ck: [(0, n)],
+        rank=60,
+        order_by=(("activation_memory_budget", -1),),
     )
 )

@@ -78,6 +78,9 @@ class RunSummary(BaseModel):
     memory_steps_requested: int | None = None
     memory_growth_bytes_per_step: int | None = None
     snapshot_path: str | None = None
+    memory_source: str | None = Field(
+        None, description="where the bytes come from: live tensors (CPU tracker), cpu allocator or cuda allocator"
+    )
     # Time (ms).
     timing_pass: Literal["timed", "memory"] | None = None
     timing: dict[str, PhaseSpread | None] = Field(default_factory=dict)
@@ -87,6 +90,7 @@ class RunSummary(BaseModel):
     optimizer_ms: float | None = None
     step_times_ms: list[float] = Field(default_factory=list, description="every timed step, ms")
     claim_to_first_step_s: float | None = None
+    compile_ms: float | None = Field(None, description="torch.compile's warm-up step, apart from the step times")
     # The model and its gradients.
     param_count: int | None = None
     params_without_grad: int | None = None

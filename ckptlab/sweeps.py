@@ -48,7 +48,15 @@ __all__ = [
 CHECKPOINT_PREFIX = "checkpoint."
 STRATEGY_PATH = "checkpoint.strategy"
 #: The checkpoint fields a strategy may read (``Strategy.fields``); the others are reset.
-CHECKPOINT_FIELDS = ("segments", "every", "policy", "budget_bytes", "use_reentrant", "preserve_rng_state")
+CHECKPOINT_FIELDS = (
+    "segments",
+    "every",
+    "policy",
+    "budget_bytes",
+    "activation_memory_budget",
+    "use_reentrant",
+    "preserve_rng_state",
+)
 #: How the well-known axes read: path -> (short name in labels, one value, several values).
 #: Served by ``GET /api/meta`` (``sweep_axes``); other paths read as their last component.
 AXIS_NAMES: dict[str, tuple[str, str, str]] = {
@@ -56,6 +64,7 @@ AXIS_NAMES: dict[str, tuple[str, str, str]] = {
     "checkpoint.segments": ("segments", "segment count", "segment counts"),
     "checkpoint.every": ("every", "group size", "group sizes"),
     "checkpoint.policy": ("policy", "policy", "policies"),
+    "checkpoint.activation_memory_budget": ("budget", "activation memory budget", "activation memory budgets"),
     "checkpoint.preserve_rng_state": ("rng", "RNG setting", "RNG settings"),
     "checkpoint.use_reentrant": ("reentrant", "reentrant setting", "reentrant settings"),
     "amp": ("amp", "AMP mode", "AMP modes"),

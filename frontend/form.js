@@ -11,7 +11,7 @@ import { fillHf, initHfFields, resetHf } from './form_hf.js';
 /** The presets (ckptlab/presets.py): name -> {spec, axes}. */
 const PRESETS = META.presets;
 import { autoName, dropPendingPlan, showSweepPlan } from './sweep_plan.js';
-import { planSummary, submitPlan } from './plan.js';
+import { planBody, planSummary, submitPlan } from './plan.js';
 
 const form = $('experiment-form');
 
@@ -75,6 +75,7 @@ function syncVisibility() {
   form.classList.toggle('is-sweep', isSweep());
   form.classList.toggle('is-plan', isPlan());
   $('plan-budget').disabled = !isPlan();
+  $('plan-compile').disabled = !isPlan();
   if (isPlan()) for (const c of $('checkpoint-fieldset').querySelectorAll('input, select')) c.disabled = true;
   for (const axis of form.querySelectorAll('.axis')) {
     const toggle = axis.querySelector('[data-axis]');
@@ -125,7 +126,7 @@ function updatePlan() {
     box.replaceChildren(planSummary(spec, $('plan-budget').value));
     notes.replaceChildren();
     button.textContent = 'Plan for this budget';
-    $('request-preview').textContent = JSON.stringify({ base: spec, budget: $('plan-budget').value.trim() }, null, 2);
+    $('request-preview').textContent = JSON.stringify(planBody(spec, $('plan-budget').value, $('plan-compile').checked), null, 2);
     return;
   }
   if (!isSweep()) {
@@ -284,7 +285,7 @@ async function onSubmit(event) {
   button.textContent = 'Submitting…';
   try {
     if (isPlan()) {
-      const r = await submitPlan(spec, $('plan-budget').value);
+      const r = await submitPlan(spec, $('plan-budget').value, $('plan-compile').checked);
       if (r.ok && r.body) navigate(`#/plans/${r.body.sweep_id}`);
       else if (r.status === 422 && r.body && Array.isArray(r.body.detail)) showValidationErrors(r.body.detail);
       else showFormError(`The server refused the plan (HTTP ${r.status}): ${detailText(r.body)}`);
@@ -334,7 +335,7 @@ export function fillForm(spec, { axes } = {}) {
   else for (const c of group.querySelectorAll('[name]')) setControl(c, m[c.name.slice('model.'.length)]);
   const ck = spec.checkpoint || {};
   $('checkpoint.strategy').value = ck.strategy || BASELINE;
-  for (const key of ['segments', 'every', 'policy', 'use_reentrant', 'preserve_rng_state']) {
+  for (const key of ['segments', 'every', 'policy', 'activation_memory_budget', 'use_reentrant', 'preserve_rng_state']) {
     setControl($(`checkpoint.${key}`), ck[key]);
   }
   $('checkpoint.budget_bytes').value = ck.budget_bytes ? String(ck.budget_bytes) : '';

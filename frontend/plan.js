@@ -21,11 +21,20 @@ export function planSummary(spec, budgetText) {
       ': auto, none, per_block and sequential splits, as one sweep'));
 }
 
-/** POST /api/plans: the spec (its checkpoint setting is the plan's) and the budget text. */
-export function submitPlan(spec, budgetText) {
+/**
+ * The body of POST /api/plans: the spec without its checkpoint setting (the plan's), the
+ * budget text and, without torch.compile, no compile budgets (the server's default list
+ * applies otherwise).
+ */
+export function planBody(spec, budgetText, withCompile) {
   const base = { ...spec };
   delete base.checkpoint;
-  return api('/api/plans', { json: { base, budget: budgetText.trim() } });
+  return withCompile ? { base, budget: budgetText.trim() } : { base, budget: budgetText.trim(), compile_budgets: [] };
+}
+
+/** POST /api/plans (see planBody). */
+export function submitPlan(spec, budgetText, withCompile) {
+  return api('/api/plans', { json: planBody(spec, budgetText, withCompile) });
 }
 
 /** The plan's blocks as a row of boxes, the checkpointed segments marked. */

@@ -117,7 +117,8 @@ def run_experiment(
             planned = plan_for_budget(spec, dev, build) if get_strategy(spec.checkpoint.strategy).planned else None
             ranges = planned.ranges if planned is not None else None
             check = verify_gradients(spec, dev, build, ranges) if spec.verify_gradients else {}
-            meter = Meter(dev, spec.memory_limit_bytes)
+            compiles = get_strategy(spec.checkpoint.strategy).compiles
+            meter = Meter(dev, spec.memory_limit_bytes, allocator_events=compiles and dev.type == "cpu")
             summary = _measure(RunContext(spec, dev, meter, where, on_step), build, snapshot_path, ranges)
         except RunError as exc:
             exc.warnings = warnings_so_far()
@@ -136,7 +137,7 @@ def run_experiment(
             ) from exc
         except Exception as exc:  # noqa: BLE001 - every failure of the model is the run's outcome
             if is_out_of_memory(exc):  # host memory: the child's cap (worker.hostmem) or the machine's
-                live = meter.probe.live_bytes if meter is not None and not meter.cuda else None
+                live = meter.probe.live_bytes if meter is not None and meter.exact else None
                 details = oom_details(where, exc, live)
                 msg = f"out of host memory in {where['phase']} of step {where['step']}: {type(exc).__name__}: {exc}"
                 raise RunOutOfMemory(msg, warnings=warnings_so_far(), details=details) from exc

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from ckptlab.domain import MemoryCategory
+from worker.allocator_probe import CpuAllocatorProbe
 from worker.memory import CudaProbe, LiveTensorTracker
 
 __all__ = [
@@ -65,14 +66,27 @@ class Meter:
         dev: the run's device; CUDA reads ``torch.cuda`` allocator statistics (and NVML when
             present), CPU counts live tensors with :class:`worker.memory.LiveTensorTracker`.
         limit_bytes: the CPU tracker's emulated memory limit (bytes), or None.
+        allocator_events: on CPU, read the allocator through profiler memory events
+            (:class:`worker.allocator_probe.CpuAllocatorProbe`) instead of tracking tensors:
+            for compiled code, which does not run under the tracker's dispatch mode.
+            Memory categories are then estimated as on CUDA. Default: False.
+
+    Attributes:
+        exact: the readings are the CPU tracker's exact per-tensor counts (with categories).
+        source: where the bytes come from, in words (the summary's ``memory_source``).
     """
 
-    def __init__(self, dev: torch.device, limit_bytes: int | None):
+    def __init__(self, dev: torch.device, limit_bytes: int | None, *, allocator_events: bool = False):
         self.dev = dev
         self.cuda = dev.type == "cuda"
-        self.probe: CudaProbe | LiveTensorTracker = (
-            CudaProbe(dev) if self.cuda else LiveTensorTracker(limit_bytes=limit_bytes)
-        )
+        self.exact = not self.cuda and not allocator_events
+        self.probe: CudaProbe | LiveTensorTracker | CpuAllocatorProbe
+        if self.cuda:
+            self.probe, self.source = CudaProbe(dev), "cuda allocator"
+        elif allocator_events:
+            self.probe, self.source = CpuAllocatorProbe(limit_bytes), "cpu allocator (profiler memory events)"
+        else:
+            self.probe, self.source = LiveTensorTracker(limit_bytes=limit_bytes), "live tensors"
         #: False during the CPU timing pass: hooks then leave the tracker alone.
         self.tracking = True
         self.recompute_peak = 0
@@ -91,7 +105,7 @@ class Meter:
 
     def mode(self) -> contextlib.AbstractContextManager:
         """The context a measured step runs in (the tracker's dispatch mode on CPU)."""
-        return contextlib.nullcontext() if self.cuda else self.probe
+        return contextlib.nullcontext() if self.cuda else self.probe  # type: ignore[return-value]
 
     def sync(self) -> None:
         """Wait for the device (``torch.cuda.synchronize`` on CUDA)."""
@@ -100,12 +114,12 @@ class Meter:
 
     def set_category(self, category: str) -> None:
         """Tag tensors created from now on with ``category`` (CPU)."""
-        if self.tracking and not self.cuda:
+        if self.tracking and self.exact:
             self.probe.category = category
 
     def retag(self, tensors, category: str) -> None:
         """Move ``tensors``' bytes to ``category`` (CPU)."""
-        if self.tracking and not self.cuda:
+        if self.tracking and self.exact:
             for t in tensors:
                 self.probe.retag(t, category)
 
@@ -117,12 +131,13 @@ class Meter:
             self._recompute_start = self.probe.live_bytes
             if not self.cuda:
                 self.probe.reset_window()
+            if self.exact:
                 self._saved_category = self.probe.category
                 self.probe.category = MemoryCategory.ACTIVATIONS
             return
         top = self.probe.live_bytes if self.cuda else self.probe.window_peak_bytes
         self.recompute_peak = max(self.recompute_peak, top - self._recompute_start)
-        if not self.cuda:
+        if self.exact:
             self.probe.category = self._saved_category
 
     def nvml_used(self) -> int | None:
@@ -134,8 +149,9 @@ class Meter:
         return int(pynvml.nvmlDeviceGetMemoryInfo(self._nvml).used)
 
     def breakdown(self, params, opt, live: int, activations: int, peak: bool) -> dict[str, int]:
-        """Bytes per category now (CPU) or estimated from known tensors (CUDA)."""
-        if not self.cuda:
+        """Bytes per category now (the CPU tracker) or estimated from known tensors (CUDA, the
+        CPU allocator probe)."""
+        if self.exact:
             return dict(self.probe.peak_by_category if peak else self.probe.by_category)
         p = storage_bytes(iter(params))
         g = storage_bytes(q.grad for q in params if q.grad is not None)

@@ -15,7 +15,7 @@ import torch
 from ckptlab.domain import MemoryCategory
 from ckptlab.spec import ExperimentSpec
 from ckptlab.stats import describe
-from ckptlab.strategies import BASELINE
+from ckptlab.strategies import BASELINE, get_strategy
 from ckptlab.summary import StepRecord
 from worker.block_profile import BlockRecorder
 from worker.memory import CATEGORIES
@@ -62,6 +62,7 @@ class RunContext:
         self.records: list[dict[str, Any]] = []
         self.timed: list[dict[str, Any]] = []
         self.block_profile: list[dict[str, Any]] | None = None
+        self.compile_ms: float | None = None
 
     def build(self, build: Callable[[], Built] | None, ranges: list[tuple[int, int]] | None = None) -> None:
         """The checkpointed model (``build()``'s copy, or the spec's) and its optimizer, each
@@ -78,6 +79,28 @@ class RunContext:
         tag_optimizer_state(self.opt, meter)
         for p in self.params:
             p.register_post_accumulate_grad_hook(lambda q: meter.retag([q.grad], MemoryCategory.GRADIENTS))
+        if get_strategy(self.spec.checkpoint.strategy).compiles:
+            self.compile_ms = self._compile()
+
+    def _compile(self) -> float:
+        """One forward and backward on a batch of the run's shape, gradients dropped: what
+        ``torch.compile`` needs to compile the forward and backward graphs, so no measured
+        step includes it. The RNG and the data generator are left as they were (the run
+        sees the same batches and dropout masks as any other strategy). Returns its wall
+        time, ms (the summary's ``compile_ms``)."""
+        spec, built = self.spec, self.built
+        t0 = time.perf_counter()
+        with torch.random.fork_rng(devices=[self.dev] if self.dev.type == "cuda" else []):
+            x, y = built.make_batch(spec.batch_size, torch.Generator().manual_seed(spec.seed))
+            x, y = x.to(self.dev), y.to(self.dev)
+            with self.autocast():
+                out = built.module(x)
+            built.loss_fn(out, y).backward()
+            del out, x, y
+        for p in self.params:
+            p.grad = None
+        self.meter.sync()
+        return (time.perf_counter() - t0) * 1e3
 
     def _emit(self, record: dict[str, Any]) -> None:
         if self.on_step is not None:
@@ -143,6 +166,9 @@ class RunContext:
         }
         if self.block_profile is not None:
             summary["block_profile"] = self.block_profile
+        summary["memory_source"] = self.meter.source
+        if self.compile_ms is not None:
+            summary["compile_ms"] = self.compile_ms
         if cuda:
             summary["reserved_bytes"] = max(r["reserved_bytes"] for r in records)
             used = [r["extra"]["nvml_used_bytes"] for r in records if r["extra"]["nvml_used_bytes"] is not None]
@@ -203,7 +229,7 @@ class RunContext:
             times[name] += (time.perf_counter() - t_start) * 1e3
             if probe.peak_bytes >= peaks[name]:
                 peaks[name] = probe.peak_bytes
-                if not meter.cuda:
+                if meter.exact:
                     peak_cats[name] = dict(probe.peak_by_category)
 
         for micro in range(spec.grad_accum_steps):
@@ -248,7 +274,7 @@ class RunContext:
 
         peak_phase = max(peaks, key=lambda k: peaks[k])
         step_peak = peaks[peak_phase]
-        if meter.cuda:
+        if not meter.exact:
             at_peak = meter.breakdown(params, opt, step_peak, step_peak if peak_phase != "optimizer" else 0, peak=True)
         else:
             at_peak = peak_cats.get(peak_phase, dict.fromkeys(CATEGORIES, 0))

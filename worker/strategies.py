@@ -19,6 +19,9 @@ this module carries them out. The built-ins:
   ``MUST_SAVE`` are kept, the rest recomputed.
 - ``offload``: no recomputation; tensors saved for backward inside the blocks go to host
   memory via ``torch.autograd.graph.save_on_cpu`` (pinned on CUDA).
+- ``compile_budget``: the blocks run as one group under ``torch.compile`` with
+  ``torch._functorch.config.activation_memory_budget`` set, so the compiler's min-cut
+  partitioner decides what to save and what to recompute (:class:`CompiledGroup`).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from ckptlab.strategies import Mechanism, SelectivePolicy, get_strategy
 __all__ = [
     "CheckpointedGroup",
     "OffloadedGroup",
+    "CompiledGroup",
     "GroupedAway",
     "apply_strategy",
     "selective_policy",
@@ -253,6 +257,38 @@ class OffloadedGroup(_Group):
             return self.remember(self.run_blocks(*args, **kwargs))
 
 
+class CompiledGroup(_Group):
+    """Runs ``blocks`` in order as one function compiled by ``torch.compile``, with
+    ``torch._functorch.config.activation_memory_budget = activation_memory_budget``: the
+    fraction of the activation memory the min-cut partitioner may save for backward
+    (AOTAutograd's ``min_cut_rematerialization_partition``; PyTorch blog "Activation
+    checkpointing techniques in PyTorch", 2025). The first call compiles the forward and
+    the first backward the backward: the engine does both in a warm-up step before the
+    measured ones (``RunContext.build``, its ``compile_ms``).
+
+    Known limitation: dynamo's cache is reset when a group is made (one compiled group
+    per process at a time: the worker runs one experiment per child), so its recompile
+    limit is never reached by successive runs.
+    """
+
+    def __init__(self, blocks: list[nn.Module], *, activation_memory_budget: float, backend: str = "inductor"):
+        super().__init__(blocks)
+        torch._dynamo.reset()
+        self.activation_memory_budget = activation_memory_budget
+        self.backend = backend
+        self.compiled = torch.compile(self.run_blocks, backend=backend)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the compiled group (compiling at the first call); never under a
+        ``TorchDispatchMode``: compiled graphs do not run under one (see
+        :mod:`worker.allocator_probe`), so the engine measures these runs without the
+        CPU tracker."""
+        import torch._functorch.config as functorch_config
+
+        with functorch_config.patch(activation_memory_budget=self.activation_memory_budget):
+            return self.remember(self.compiled(*args, **kwargs))
+
+
 def apply_strategy(
     blocks: nn.Sequential | nn.ModuleList,
     ck: CheckpointSpec,
@@ -288,6 +324,8 @@ def apply_strategy(
         members = [blocks[i] for i in range(start, end)]
         if strategy.mechanism == Mechanism.SAVE_ON_CPU:
             wrapped: nn.Module = OffloadedGroup(members, pin_memory=device.type == "cuda")
+        elif strategy.mechanism == Mechanism.COMPILE:
+            wrapped = CompiledGroup(members, activation_memory_budget=ck.activation_memory_budget)
         else:
             wrapped = CheckpointedGroup(
                 members,

@@ -47,7 +47,7 @@ def create_plan(session: SessionDep, settings: SettingsDep, body: PlanCreate) ->
     """Queue, as one sweep, strategy ``auto`` for the budget, the ``none`` baseline,
     ``per_block`` and ``sequential`` at 2, 4, 8, ... segments up to the depth. 422 (naming
     the field) for a spec that cannot run or a budget that is not a size."""
-    base, axes = plans.plan_request(body.base, int(body.budget))
+    base, axes = plans.plan_request(body.base, int(body.budget), compile_budgets=body.compile_budgets)
     try:
         plan = planning.plan_sweep(base, axes, max_size=settings.max_sweep_size, settings=settings)
     except planning.SweepError as exc:

@@ -27,6 +27,14 @@ class PlanCreate(BaseModel):
     name: Annotated[str, StringConstraints(min_length=1, max_length=200, strip_whitespace=True)] | None = None
     base: dict[str, Any] = Field(description="the experiment spec to plan for (fields as in ExperimentCreate)")
     budget: ByteSize = Field(description="the memory budget for the peak: bytes, or a size such as '24 GiB'")
+    compile_budgets: list[Annotated[float, Field(ge=0.0, le=1.0)]] = Field(
+        default_factory=lambda: [0.1, 0.5, 1.0],
+        max_length=8,
+        description=(
+            "activation_memory_budget values of the compile_budget points (torch.compile's own budget; "
+            "1.0 is their time baseline); [] leaves torch.compile out"
+        ),
+    )
 
     @field_validator("budget")
     @classmethod

@@ -4,7 +4,9 @@ budget beside the comparison points a user needs, and its verdict.
 A plan is stored as a sweep (its runs, progress, charts and streams are the sweep's): the
 base spec with ``checkpoint: {strategy: auto, budget_bytes}``, and the axes
 ``checkpoint.strategy`` (``auto``, ``per_block``, ``sequential``) and
-``checkpoint.segments`` (powers of two up to the depth, and the depth). Strategies that do
+``checkpoint.segments`` (powers of two up to the depth, and the depth), and the compiler's
+own budget (``compile_budget`` at each ``checkpoint.activation_memory_budget`` asked for;
+1.0, the default partition, is their time baseline). Strategies that do
 not read segments are queued once (:func:`ckptlab.sweeps.canonical`); the ``none`` baseline
 is the sweep's own. A sweep is a plan when it holds an ``auto`` run.
 """
@@ -23,7 +25,7 @@ from ckptlab.domain import Status
 from ckptlab.strategies import BASELINE, STRATEGIES
 from ckptlab.sweeps import get_path
 
-__all__ = ["plan_request", "PlanVerdict", "plan_verdict", "PLANNED", "COMPARED"]
+__all__ = ["plan_request", "PlanVerdict", "plan_verdict", "PLANNED", "COMPARED", "COMPILED"]
 
 #: The planned strategy (the table's one ``planned`` entry).
 PLANNED = next(name for name, s in STRATEGIES.items() if s.planned)
@@ -35,6 +37,9 @@ COMPARED = [
     if name not in (BASELINE, PLANNED) and STRATEGIES[name].recomputes and "policy" not in STRATEGIES[name].fields
 ]
 
+#: The strategies that run under torch.compile with its own budget (compile_budget).
+COMPILED = [name for name in sorted(STRATEGIES, key=lambda n: STRATEGIES[n].rank) if STRATEGIES[name].compiles]
+
 
 def _segment_counts(depth: int) -> list[int]:
     """2, 4, 8, ... up to ``depth``, and ``depth``: the uniform splits worth trying."""
@@ -45,21 +50,31 @@ def _segment_counts(depth: int) -> list[int]:
     return [*counts, depth] if depth > 1 else [1]
 
 
-def plan_request(base: Mapping[str, Any], budget_bytes: int) -> tuple[dict[str, Any], dict[str, list[Any]]]:
+def plan_request(
+    base: Mapping[str, Any], budget_bytes: int, *, compile_budgets: Sequence[float] = ()
+) -> tuple[dict[str, Any], dict[str, list[Any]]]:
     """The sweep (base spec, axes) of a plan for ``budget_bytes``.
 
     Without a depth (``model.depth`` or an hf ``num_hidden_layers``) there is no uniform
     split to try, and only the strategies that need no segment count are compared.
+    ``compile_budgets``: the ``activation_memory_budget`` values of the torch.compile
+    points (none: no such point).
     """
+    compiled: dict[str, list[Any]] = (
+        {"checkpoint.activation_memory_budget": list(dict.fromkeys(compile_budgets))} if compile_budgets else {}
+    )
+    extra = COMPILED if compile_budgets else []
     model = base.get("model") or {}
     depth = model.get("depth") if isinstance(model, Mapping) else None
     if depth is None and isinstance(model, Mapping):
         depth = model.get("num_hidden_layers")
     spec = {**base, "checkpoint": {**(base.get("checkpoint") or {}), "strategy": PLANNED, "budget_bytes": budget_bytes}}
     if isinstance(depth, int) and depth >= 1:
-        return spec, {"checkpoint.strategy": [PLANNED, *COMPARED], "checkpoint.segments": _segment_counts(depth)}
+        axes = {"checkpoint.strategy": [PLANNED, *COMPARED, *extra], "checkpoint.segments": _segment_counts(depth)}
+        return spec, {**axes, **compiled}
     # No depth to split by (an hf ResNet's stages): the strategies that need no segment count.
-    return spec, {"checkpoint.strategy": [PLANNED, *(c for c in COMPARED if "segments" not in STRATEGIES[c].fields)]}
+    kept = [c for c in COMPARED if "segments" not in STRATEGIES[c].fields]
+    return spec, {"checkpoint.strategy": [PLANNED, *kept, *extra], **compiled}
 
 
 @dataclass

@@ -24,7 +24,8 @@ def run_all(session) -> None:
 def test_a_plan_queues_auto_beside_the_comparison_points_and_answers_its_verdict(client, db_session):
     none_peak = run_experiment(ExperimentSpec.model_validate(BASE))["peak_allocated_bytes"]
     budget = none_peak * 95 // 100
-    r = client.post("/api/plans", json={"base": BASE, "budget": budget})
+    # torch.compile's points are left out here (tests/worker/test_compile_budget.py runs them)
+    r = client.post("/api/plans", json={"base": BASE, "budget": budget, "compile_budgets": []})
     assert r.status_code == 201, r.text
     plan = r.json()
     assert plan["budget_bytes"] == budget and not plan["finished"]
@@ -57,11 +58,24 @@ def test_a_plan_queues_auto_beside_the_comparison_points_and_answers_its_verdict
     assert same["experiment_id"] == pick  # one recommender
 
 
+def test_a_plan_compares_torch_compile_at_three_of_its_own_budgets_by_default(client):
+    plan = client.post("/api/plans", json={"base": BASE, "budget": "1 MiB"}).json()
+    compiled = sorted(p["label"] for p in plan["points"] if p["strategy"] == "compile_budget")
+    assert compiled == [
+        "strategy=compile_budget budget=0.1",
+        "strategy=compile_budget budget=0.5",
+        "strategy=compile_budget budget=1.0",
+    ]
+    # ... and each of the others once, whatever the compile budget axis says
+    assert sum(p["strategy"] == "per_block" for p in plan["points"]) == 1
+
+
 @pytest.mark.parametrize(
     ("body", "loc"),
     [
         ({"base": BASE, "budget": "lots"}, ["body", "budget"]),
         ({"base": BASE, "budget": 0}, ["body", "budget"]),
+        ({"base": BASE, "budget": "1 GiB", "compile_budgets": [2.0]}, ["body", "compile_budgets", 0]),
         ({"base": {**BASE, "batch_size": 0}, "budget": "1 GiB"}, ["body", "base", "batch_size"]),
     ],
 )

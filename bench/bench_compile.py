@@ -1,0 +1,92 @@
+"""Strategy ``compile_budget`` (torch.compile with ``activation_memory_budget``) beside
+``none``, ``per_block`` and ``auto``: peak, activation bytes, step time and compile time.
+
+For each model (the bench_auto models) it runs ``none`` and ``per_block`` (eager), and
+``compile_budget`` at 1.0 / 0.5 / 0.1 / 0.0. Memory: the eager runs are the exact tracker's,
+the compiled ones the CPU allocator's (profiler memory events: the tracker cannot watch
+compiled code; both agree to the byte on eager code, tests/worker/test_allocator_probe.py).
+Step times: each configuration runs once per round, in rotating order; an eager run's
+overhead is its median step time over ``none``'s within the round, a compiled run's over
+``compile_budget`` 1.0's within the round (its own baseline: the compiler's speed-up is not
+the budget's cost); the table gives the median over rounds and the range.
+
+Usage: python bench/bench_compile.py [--rounds N]
+Prints a Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from ckptlab.explain import format_bytes  # noqa: E402
+from ckptlab.spec import ExperimentSpec  # noqa: E402
+from worker.engine import run_experiment  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_auto import BASE, MODELS  # noqa: E402
+
+BUDGETS = (1.0, 0.5, 0.1, 0.0)
+
+
+def spec(model: dict, batch: int, **checkpoint) -> ExperimentSpec:
+    """The bench spec without the gradient check (it would compile a second time)."""
+    return ExperimentSpec.model_validate(
+        {**BASE, "model": model, "batch_size": batch, "verify_gradients": False, "checkpoint": checkpoint}
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    print(
+        "| model | setting | peak | activations at end of forward | memory read from | step time vs its baseline "
+        "(median of rounds [min, max]) | compile (s, median) |"
+    )
+    print("|---|---|---:|---:|---|---|---:|")
+    for name, (model, batch) in MODELS.items():
+        variants = {"none": spec(model, batch, strategy="none"), "per_block": spec(model, batch, strategy="per_block")}
+        for b in BUDGETS:
+            variants[f"compile_budget {b}"] = spec(model, batch, strategy="compile_budget", activation_memory_budget=b)
+        order = list(variants)
+        summaries: dict[str, dict] = {}
+        ratios: dict[str, list[float]] = {k: [] for k in order}
+        compile_s: dict[str, list[float]] = {k: [] for k in order}
+        for r in range(args.rounds):
+            turn = order[r % len(order) :] + order[: r % len(order)]
+            times = {}
+            for k in turn:
+                s = run_experiment(variants[k])
+                summaries[k], times[k] = s, s["step_time_ms"]
+                if s.get("compile_ms") is not None:
+                    compile_s[k].append(s["compile_ms"] / 1e3)
+            for k in order:
+                base = "compile_budget 1.0" if k.startswith("compile_budget") else "none"
+                if k != base:
+                    ratios[k].append(times[k] / times[base] - 1)
+        for k in order:
+            s, v = summaries[k], ratios[k]
+            against = "—" if not v else "compile 1.0" if k.startswith("compile") else "none"
+            rel = (
+                f"{100 * statistics.median(v):+.0f}% [{100 * min(v):+.0f}, {100 * max(v):+.0f}] vs {against}"
+                if v
+                else "— (baseline)"
+            )
+            comp = f"{statistics.median(compile_s[k]):.1f}" if compile_s[k] else "—"
+            print(
+                f"| {name} | {k} | {format_bytes(s['peak_allocated_bytes'])} | {format_bytes(s['activation_bytes'])} "
+                f"| {s.get('memory_source')} | {rel} | {comp} |",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    t0 = time.perf_counter()
+    main()
+    print(f"\n{time.perf_counter() - t0:.0f} s")

@@ -1,0 +1,39 @@
+"""``sweep_rows``: which run a row's step time is compared with."""
+
+from __future__ import annotations
+
+import random
+
+from backend.services.sweeps import sweep_rows
+from ckptlab.db.models import Experiment, Sweep
+from tests.factories import spec_dict
+
+
+def _experiment(exp_id: int, step_ms: float, **checkpoint) -> Experiment:
+    rng = random.Random(exp_id)
+    times = [step_ms * (1 + rng.uniform(-0.02, 0.02)) for _ in range(20)]
+    spec = spec_dict(checkpoint={"strategy": "none", **checkpoint})
+    summary = {"step_time_ms": step_ms, "step_times_ms": times, "peak_allocated_bytes": 1000, "activation_bytes": 100}
+    return Experiment(
+        id=exp_id, spec=spec, status="succeeded", summary=summary, strategy=spec["checkpoint"]["strategy"]
+    )
+
+
+def test_a_compiled_run_is_timed_against_the_same_compiled_model_at_budget_1():
+    """torch.compile at budget 0.1 recomputes: +20% against compile at 1.0, although both
+    are faster than the eager baseline; the 1.0 run keeps its comparison with eager."""
+    sweep = Sweep(
+        id=1,
+        name="s",
+        axes={"checkpoint.strategy": ["compile_budget"], "checkpoint.activation_memory_budget": [0.1, 1.0]},
+        experiments=[
+            _experiment(1, 100.0),
+            _experiment(2, 60.0, strategy="compile_budget", activation_memory_budget=0.1),
+            _experiment(3, 50.0, strategy="compile_budget", activation_memory_budget=1.0),
+        ],
+    )
+    rows = {r.experiment_id: r for r in sweep_rows(sweep, noise_threshold_pct=10)}
+    assert 15 < rows[2].metrics["overhead_pct"] < 25
+    assert rows[2].overhead_text.endswith("against strategy=compile_budget budget=1.0")
+    assert rows[3].metrics["overhead_pct"] < -40  # against none
+    assert "against" not in rows[3].overhead_text
