@@ -267,6 +267,12 @@ class ExperimentSpec(_Strict):
             is not in the step times; on CUDA the allocator statistics cost nothing and the
             timed steps keep their memory readings. The step times' median, interquartile
             range and bootstrap 95% interval come from these steps.
+        paired_timing: time each step of the timing pass in a round with an
+            un-checkpointed copy of the model in the same process (same weights, its own
+            optimizer), alternating which goes first, and judge the overhead on the
+            per-round ratios: a load burst on a shared host hits both sides of a round
+            alike (issue 19). Doubles the timing pass; ignored by ``none`` and compiled
+            runs; skipped, saying why, when the copy does not fit in memory. Default True.
         memory_early_stop: end the memory pass after two consecutive steps past the
             warm-up whose memory readings are byte-identical (live, peak, per phase and
             per category): once the optimizer state exists every further step reads the
@@ -300,6 +306,7 @@ class ExperimentSpec(_Strict):
     warmup_steps: SpecInt = Field(1, ge=0)
     timed_steps: SpecInt = Field(20, ge=0, le=100_000)
     memory_early_stop: bool = True
+    paired_timing: StrictBool = True
     grad_accum_steps: SpecInt = Field(1, ge=1, le=1024)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     amp: Literal["off", "fp16", "bf16"] = "off"

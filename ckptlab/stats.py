@@ -24,6 +24,7 @@ __all__ = [
     "describe",
     "RatioInterval",
     "ratio_ci",
+    "paired_ratio_ci",
     "BOOTSTRAP_RESAMPLES",
     "CONFIDENCE",
     "NOISE_THRESHOLD_PCT",
@@ -173,5 +174,40 @@ def ratio_ci(
         estimate_pct=100.0 * (statistics.median(samples) / base_median - 1.0),
         low_pct=_percentile(ratios, alpha),
         high_pct=_percentile(ratios, 1 - alpha),
+        threshold_pct=threshold_pct,
+    )
+
+
+def paired_ratio_ci(
+    baseline: Sequence[float],
+    samples: Sequence[float],
+    *,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    threshold_pct: float = NOISE_THRESHOLD_PCT,
+) -> RatioInterval | None:
+    """The overhead of ``samples`` over ``baseline`` in % from paired rounds: round ``i``
+    timed ``samples[i]`` and ``baseline[i]`` back to back in one process (in rotating
+    order), so a load burst hits both alike and cancels in their ratio. The estimate is
+    the median of the per-round ratios, the 95% CI a bootstrap over rounds (Efron &
+    Tibshirani 1993, ch. 13; rounds resampled whole, so the pairing is kept).
+
+    Args:
+        baseline, samples: per-round timings, same unit and length (extra items of the
+            longer one are ignored).
+        resamples: bootstrap resamples (default :data:`BOOTSTRAP_RESAMPLES`).
+        threshold_pct: noise threshold of :attr:`RatioInterval.measurable`.
+
+    Returns:
+        The interval, or None without a round whose baseline time is positive.
+    """
+    ratios = [s / b for b, s in zip(baseline, samples, strict=False) if b > 0]
+    if not ratios:
+        return None
+    boot = sorted(100.0 * (m - 1.0) for m in _resampled_medians(ratios, random.Random(_SEED), resamples))
+    alpha = (1 - CONFIDENCE) / 2
+    return RatioInterval(
+        estimate_pct=100.0 * (statistics.median(ratios) - 1.0),
+        low_pct=_percentile(boot, alpha),
+        high_pct=_percentile(boot, 1 - alpha),
         threshold_pct=threshold_pct,
     )

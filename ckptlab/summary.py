@@ -90,6 +90,13 @@ class RunSummary(BaseModel):
     optimizer_ms: float | None = None
     step_times_ms: list[float] = Field(default_factory=list, description="every timed step, ms")
     claim_to_first_step_s: float | None = None
+    step_cpu_ms: list[float] = Field(default_factory=list, description="process CPU time of every timed step, ms")
+    paired_with: str | None = Field(None, description="the strategy whose copy each timed step was paired with")
+    paired_baseline_step_times_ms: list[float] = Field(
+        default_factory=list, description="the paired copy's step times, ms, round by round with step_times_ms"
+    )
+    paired_baseline_cpu_ms: list[float] = Field(default_factory=list, description="its CPU times, ms")
+    pairing_skipped: str | None = Field(None, description="why the timing pass was not paired")
     compile_ms: float | None = Field(None, description="torch.compile's warm-up step, apart from the step times")
     # The model and its gradients.
     param_count: int | None = None
@@ -149,6 +156,21 @@ class RunSummary(BaseModel):
                 for key in bad:
                     values.pop(key, None)
         return cls()
+
+    def paired_rounds(self) -> tuple[list[float], list[float], str] | None:
+        """The per-round times of a paired timing pass, ``(baseline, run, what)`` in ms with
+        ``what`` naming the clock (``"CPU time"``, ``"wall time"``), or None
+        when its steps were not paired: process CPU time on CPU (steadier than wall time
+        on a busy host: measured, one thread, two spinning processes on 2 cores, per-block
+        recomputation +29% to +32% by CPU time against +34% to +44% by wall time;
+        docs/benchmarks.md), wall time on CUDA (where the host's CPU time says nothing of
+        the device's work)."""
+        cpu = not (self.device or "").startswith("cuda")
+        if cpu and self.paired_baseline_cpu_ms and len(self.step_cpu_ms) == len(self.paired_baseline_cpu_ms):
+            return self.paired_baseline_cpu_ms, self.step_cpu_ms, "CPU time"
+        if self.paired_baseline_step_times_ms:
+            return self.paired_baseline_step_times_ms, self.step_times_ms, "wall time"
+        return None
 
     def dump(self) -> dict[str, Any]:
         """JSON-ready, with only the fields that were set (what the engine stores)."""

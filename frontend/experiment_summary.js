@@ -112,7 +112,7 @@ export function renderSummary(exp, baseline) {
           ` budget ${fmtBytes(s.budget_bytes)} · predicted ${fmtBytes(s.predicted_peak_bytes)}`) : null),
       el('div', { class: 'metric' }, el('span', { class: 'label', title: 'median over the steps after warm-up' }, 'Step time'),
         el('span', { class: 'value', id: 'm-time' }, fmtMs(s.step_time_ms)),
-        b && !isBaseline ? overheadDelta(baseline.comparison) : null),
+        baseline && !isBaseline ? overheadDelta(baseline.comparison) : null),
       el('div', { class: 'metric' }, el('span', { class: 'label' }, 'Gradients'),
         el('span', { class: 'value', id: 'm-grad' }, gradBadge(s.gradients_match ?? null, s.grad_max_abs_diff, s.gradient_verdict))),
     );
@@ -122,9 +122,11 @@ export function renderSummary(exp, baseline) {
       const cmp = baseline.comparison;
       const o = cmp.overhead;
       const runs = cmp.baseline_ids.map((id, i) => [i ? ', ' : '', el('a', { href: `#/experiments/${id}` }, `#${id}`)]).flat();
+      const against = runs.length ? [' step time against ', ...runs, ` (strategy ${BASELINE})`]
+        : [` step time against an un-checkpointed copy (strategy ${BASELINE}) timed in the same process`];
       baselineEntry = ['Overhead vs baseline', el('span', null,
         el('strong', { id: 'exp-overhead' }, !o ? '—' : o.measurable ? fmtPct(o.estimate_pct) : 'no measurable difference'),
-        ' step time against ', ...runs, ` (strategy ${BASELINE})`,
+        ...against,
         cmp.overhead_text ? el('span', { class: 'muted', id: 'exp-overhead-ci' }, ` · ${cmp.overhead_text}`) : null)];
     } else {
       baselineEntry = ['Overhead vs baseline', el('span', null, 'no succeeded baseline with this spec yet ',
@@ -245,7 +247,8 @@ export async function findBaseline(exp) {
   if ((exp.spec.checkpoint || {}).strategy === BASELINE) return null;
   try {
     const r = await api(`/api/experiments/${exp.id}/comparison`);
-    if (!r.ok || !r.body || !r.body.baseline_ids.length) return null;
+    if (!r.ok || !r.body) return null;
+    if (!r.body.baseline_ids.length) return r.body.overhead ? { comparison: r.body } : null; // paired: no run to show
     const b = await api(`/api/experiments/${r.body.baseline_ids[0]}`);
     return b.ok && b.body ? { ...b.body, comparison: r.body } : null;
   } catch (_) {

@@ -151,6 +151,20 @@ def worker_process(database_url: str, data_dir: Path) -> Iterator[subprocess.Pop
 
 
 @pytest.fixture
+def cpu_load() -> Iterator[int]:
+    """A busy background load for the test: one spinning process per core (what a shared
+    host does to timings); yields their count, and stops them."""
+    n = os.cpu_count() or 1
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    try:
+        yield n
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+@pytest.fixture
 def noop_strategy() -> Iterator[Strategy]:
     """A strategy added to the table for one test only, the way a new strategy is added
     (:func:`ckptlab.strategies.register_strategy`): it wraps no block, reads

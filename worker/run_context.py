@@ -63,11 +63,15 @@ class RunContext:
         self.timed: list[dict[str, Any]] = []
         self.block_profile: list[dict[str, Any]] | None = None
         self.compile_ms: float | None = None
+        self.paired: list[dict[str, Any]] = []  # the un-checkpointed copy's timed steps, round by round
+        self.pairing_skipped: str | None = None
+        self._build: Callable[[], Built] | None = None
 
     def build(self, build: Callable[[], Built] | None, ranges: list[tuple[int, int]] | None = None) -> None:
         """The checkpointed model (``build()``'s copy, or the spec's) and its optimizer, each
         tensor tagged with its memory category as it is made."""
         meter = self.meter
+        self._build = build
         meter.set_category(MemoryCategory.PARAMETERS)
         self.built = build_checkpointed(
             self.spec, self.dev, on_recompute=meter.on_recompute, build=build, ranges=ranges
@@ -125,17 +129,54 @@ class RunContext:
                 break  # every further step would read the same bytes
 
     def timed_pass(self) -> None:
-        """``spec.timed_steps`` steps numbered on from the memory pass: instrumented on CUDA
-        (free there), wall times only on CPU."""
+        """``spec.timed_steps`` steps numbered on from the memory pass.
+
+        Paired (:meth:`_paired_baseline`): each step is a round in which this run and an
+        un-checkpointed copy of the model (same weights, its own optimizer and data) each
+        take one optimizer step back to back, in alternating order, without memory
+        instrumentation; the copy's step times go to ``paired_baseline_step_times_ms``
+        (issue 19: a load burst then hits both sides of a round alike). Unpaired: the
+        steps are instrumented on CUDA (free there) and wall times only on CPU."""
         first = len(self.records) + 1
-        for step in range(first, first + self.spec.timed_steps):
+        base = self._paired_baseline()
+        for i, step in enumerate(range(first, first + self.spec.timed_steps)):
             self.where["step"] = step
-            if self.meter.cuda:
+            if base is not None:
+                if i % 2:
+                    other, mine = base._timed_step(), self._timed_step()
+                else:
+                    mine, other = self._timed_step(), base._timed_step()
+                self.timed.append(mine)
+                self.paired.append(other)
+            elif self.meter.cuda:
                 self.timed.append(self._one_step())
                 self.timed[-1]["extra"]["pass"] = "timed"
             else:
                 self.timed.append(self._timed_step())
             self._emit(self.timed[-1])
+
+    def _paired_baseline(self) -> RunContext | None:
+        """The un-checkpointed copy this run's timed steps are paired with, or None: for a
+        baseline run, a compiled one (its own baseline is the compiled model at budget
+        1.0, a separate run), ``spec.paired_timing`` off, no timed steps, or a copy that
+        does not fit in memory (then ``pairing_skipped`` says why and the timing is
+        unpaired)."""
+        spec = self.spec
+        strategy = get_strategy(spec.checkpoint.strategy)
+        if spec.checkpoint.strategy == BASELINE or strategy.compiles or not spec.paired_timing or not spec.timed_steps:
+            return None
+        reference = spec.model_copy(update={"checkpoint": spec.checkpoint.model_copy(update={"strategy": BASELINE})})
+        base = RunContext(reference, self.dev, self.meter, self.where, None)
+        try:
+            base.build(self._build)
+            base._timed_step()  # its warm-up: the first step of a new model is not a round
+        except (MemoryError, torch.OutOfMemoryError) as exc:
+            self.pairing_skipped = f"the un-checkpointed copy does not fit beside the run: {type(exc).__name__}"
+            del base
+            if self.meter.cuda:
+                torch.cuda.empty_cache()
+            return None
+        return base
 
     def summarize(self) -> dict[str, Any]:
         """The run's summary from its records (the fields :func:`run_experiment` lists)."""
@@ -167,6 +208,14 @@ class RunContext:
         if self.block_profile is not None:
             summary["block_profile"] = self.block_profile
         summary["memory_source"] = self.meter.source
+        if self.paired:
+            summary["paired_with"] = BASELINE
+            summary["paired_baseline_step_times_ms"] = [r["step_ms"] for r in self.paired]
+            summary["paired_baseline_cpu_ms"] = [r["extra"]["cpu_ms"] for r in self.paired]
+        if self.pairing_skipped:
+            summary["pairing_skipped"] = self.pairing_skipped
+        if timed and "cpu_ms" in timed[0]["extra"]:
+            summary["step_cpu_ms"] = [r["extra"]["cpu_ms"] for r in timed]
         if self.compile_ms is not None:
             summary["compile_ms"] = self.compile_ms
         if cuda:
@@ -176,32 +225,36 @@ class RunContext:
         return summary
 
     def _timed_step(self) -> dict[str, Any]:
-        """One optimizer step of the timing pass: wall times only, no memory instrumentation
-        (its memory columns are None, explicitly)."""
+        """One optimizer step of the timing pass: times only, no memory instrumentation (its
+        memory columns are None, explicitly). Wall times from ``time.perf_counter`` on CPU,
+        from CUDA events on CUDA (one synchronize at the end of the step, none per phase);
+        ``extra["cpu_ms"]``: the process's CPU time over the step (``time.process_time``,
+        every thread: steadier than wall time on a busy host)."""
         spec, dev, built, opt = self.spec, self.dev, self.built, self.opt
         scaler, autocast, gen, where = self.scaler, self.autocast, self.gen, self.where
-        times = {"forward": 0.0, "backward": 0.0, "optimizer": 0.0}
+        clock = _Clock(dev)
+        cpu0 = time.process_time()
         loss_total = 0.0
         for _micro in range(spec.grad_accum_steps):
             x, y = built.make_batch(spec.batch_size, gen)
             x, y = x.to(dev), y.to(dev)
             where["phase"] = "forward"
-            t0 = time.perf_counter()
+            clock.mark("forward")
             with autocast():
                 out = built.module(x)
             loss = built.loss_fn(out, y) / spec.grad_accum_steps
-            times["forward"] += (time.perf_counter() - t0) * 1e3
             where["phase"] = "backward"
-            t1 = time.perf_counter()
+            clock.mark("backward")
             (scaler.scale(loss) if scaler is not None else loss).backward()
-            times["backward"] += (time.perf_counter() - t1) * 1e3
+            clock.mark(None)
             loss_total += float(loss.detach().float())
             del out, loss, x, y
         where["phase"] = "optimizer"
-        t2 = time.perf_counter()
+        clock.mark("optimizer")
         _optimizer_step(opt, scaler)
         opt.zero_grad(set_to_none=True)
-        times["optimizer"] += (time.perf_counter() - t2) * 1e3
+        clock.mark(None)
+        times = clock.totals()
         return StepRecord(
             step=where["step"],
             forward_ms=times["forward"],
@@ -209,7 +262,7 @@ class RunContext:
             optimizer_ms=times["optimizer"],
             step_ms=sum(times.values()),
             loss=loss_total,
-            extra={"pass": "timed"},
+            extra={"pass": "timed", "cpu_ms": (time.process_time() - cpu0) * 1e3},
         ).record()
 
     def _one_step(self) -> dict[str, Any]:
@@ -300,6 +353,35 @@ class RunContext:
                 "nvml_used_bytes": meter.nvml_used(),
             },
         ).record()
+
+
+class _Clock:
+    """Phase times of one step, ms: ``perf_counter`` on CPU; on CUDA events recorded on the
+    stream and read after one ``synchronize`` (PyTorch docs, "CUDA semantics: asynchronous
+    execution"), so timing adds no per-phase synchronization."""
+
+    def __init__(self, dev: torch.device):
+        self.dev, self.cuda = dev, dev.type == "cuda"
+        self.marks: list[tuple[str | None, Any]] = []
+
+    def mark(self, phase: str | None) -> None:
+        """Start ``phase`` now (None: the previous phase ends, no new one starts)."""
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.marks.append((phase, event))
+        else:
+            self.marks.append((phase, time.perf_counter()))
+
+    def totals(self) -> dict[str, float]:
+        """ms per phase (``forward``, ``backward``, ``optimizer``), summed over its spans."""
+        if self.cuda:
+            torch.cuda.synchronize(self.dev)
+        out = {"forward": 0.0, "backward": 0.0, "optimizer": 0.0}
+        for (phase, start), (_next, end) in zip(self.marks, self.marks[1:], strict=False):
+            if phase is not None:
+                out[phase] += start.elapsed_time(end) if self.cuda else (end - start) * 1e3
+        return out
 
 
 def _timing(records: list[dict[str, Any]], *, pass_name: str) -> dict[str, Any]:

@@ -16,8 +16,9 @@ from backend.services.sweeps import overhead_words, step_samples, sweep_rows
 from ckptlab.db import store
 from ckptlab.db.models import Experiment
 from ckptlab.domain import Status
-from ckptlab.stats import NOISE_THRESHOLD_PCT, ratio_ci
+from ckptlab.stats import NOISE_THRESHOLD_PCT, paired_ratio_ci, ratio_ci
 from ckptlab.strategies import BASELINE
+from ckptlab.summary import RunSummary
 
 __all__ = ["Comparison", "compare_with_baseline", "MAX_BASELINE_RUNS"]
 
@@ -34,7 +35,9 @@ class Comparison:
     Attributes:
         experiment_id: the experiment.
         is_baseline: it is itself a ``none`` run (nothing to compare).
-        baseline_ids: the succeeded baseline runs its overhead is taken against (in a
+        baseline_ids: the succeeded baseline runs it is compared with (a run whose timed
+            steps were paired with an un-checkpointed copy in its own process takes its
+            overhead from those rounds, and these runs only for memory) (in a
             sweep: the sweep's baseline of its group, both runs; else up to
             :data:`MAX_BASELINE_RUNS` succeeded ``none`` runs whose spec equals its own
             but for ``checkpoint``, ``timeout_s``, ``memory_snapshot`` and
@@ -99,14 +102,21 @@ def compare_with_baseline(
     ).all()
     matches = [e for e in candidates if isinstance(e.spec, Mapping) and _workload(e.spec) == want]
     matches = sorted(matches[:MAX_BASELINE_RUNS], key=lambda e: e.id)
-    if not matches:
+    summary = RunSummary.load(experiment.summary)
+    rounds = summary.paired_rounds()
+    if rounds is not None:  # its own paired rounds (issue 19): the runs are for memory only
+        interval = paired_ratio_ci(rounds[0], rounds[1], threshold_pct=noise_threshold_pct)
+        words = overhead_words(interval, paired=rounds[2])
+    elif matches:
+        pooled = [t for e in matches for t in step_samples(e.summary)]
+        interval = ratio_ci(pooled, summary.step_times_ms, threshold_pct=noise_threshold_pct)
+        words = overhead_words(interval, paired=False)
+    else:
         return Comparison(experiment_id=experiment.id, is_baseline=False)
-    pooled = [t for e in matches for t in step_samples(e.summary)]
-    interval = ratio_ci(pooled, step_samples(experiment.summary), threshold_pct=noise_threshold_pct)
     return Comparison(
         experiment_id=experiment.id,
         is_baseline=False,
         baseline_ids=[e.id for e in matches],
         overhead=interval.as_dict() if interval else None,
-        overhead_text=overhead_words(interval),
+        overhead_text=words,
     )

@@ -25,10 +25,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from backend.services.sweeps import SweepRow
+from backend.services.sweeps import SweepRow, compare_rows
 from ckptlab.domain import Status
 from ckptlab.explain import SAVING_FLOOR_BYTES, SAVING_THRESHOLD, format_bytes
-from ckptlab.stats import ratio_ci
 
 __all__ = ["Recommendation", "recommend"]
 
@@ -83,7 +82,7 @@ def _real_saving(r: SweepRow, base: SweepRow | None) -> bool:
 def _faster(a: SweepRow, b: SweepRow) -> bool:
     """Whether ``a`` is measurably faster than ``b`` (the 95% CI of ``b`` over ``a`` is
     above 0 and the estimate at least the noise threshold, :attr:`ckptlab.stats.RatioInterval.measurable`)."""
-    interval = ratio_ci(a.step_times_ms, b.step_times_ms, threshold_pct=a.noise_threshold_pct)
+    interval = compare_rows(a, b)
     return interval is not None and interval.measurable and interval.low_pct > 0
 
 
@@ -116,7 +115,7 @@ def _smallest_within(pool: list[SweepRow], within_pct: float) -> dict | None:
     fastest = _best(pool, by_peak=False)
     close = []
     for r in pool:
-        interval = ratio_ci(fastest.step_times_ms, r.step_times_ms, threshold_pct=r.noise_threshold_pct)
+        interval = compare_rows(fastest, r)
         if r is fastest or (interval is not None and interval.low_pct <= within_pct):
             close.append(r)
     best = min(close, key=lambda r: (_peak(r), r.simplicity))

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 
 from ckptlab.db.models import Experiment, Sweep
 from ckptlab.domain import FINISHED_STATUSES, Status
-from ckptlab.stats import NOISE_THRESHOLD_PCT, RatioInterval, ratio_ci
+from ckptlab.stats import NOISE_THRESHOLD_PCT, RatioInterval, paired_ratio_ci, ratio_ci
 from ckptlab.strategies import BASELINE, STRATEGIES
 from ckptlab.summary import RunSummary
 from ckptlab.sweeps import axis_label, get_path, is_checkpoint_axis, reads
@@ -133,6 +133,10 @@ class SweepRow:
         step_times_ms: the timed step times (ms), for comparing two rows; for a baseline's
             first run, those of all its succeeded runs.
         noise_threshold_pct: the noise threshold its comparisons use.
+        paired: ``(baseline, run, clock)`` times of its paired rounds with an un-checkpointed copy
+            in its own process (:meth:`ckptlab.summary.RunSummary.paired_rounds`; issue
+            19), or None. With them the overhead is :func:`ckptlab.stats.paired_ratio_ci`
+            of the rounds, not a comparison of separate runs.
     """
 
     experiment_id: int
@@ -155,6 +159,30 @@ class SweepRow:
     peak_phase: str | None = None
     peak_explanation: str | None = None
     step_times_ms: list[float] = field(default_factory=list)
+    paired: tuple[list[float], list[float], str] | None = None
+
+    def paired_overhead(self) -> RatioInterval | None:
+        """Its overhead from its paired rounds (None when it has none)."""
+        if self.paired is None:
+            return None
+        return paired_ratio_ci(self.paired[0], self.paired[1], threshold_pct=self.noise_threshold_pct)
+
+
+def compare_rows(a: SweepRow, b: SweepRow) -> RatioInterval | None:
+    """How much slower ``b`` is than ``a`` (% with its 95% CI), as steadily as the two were
+    measured: two runs with paired rounds compare their per-round ratios to their own
+    un-checkpointed copies (a load that differed between the runs cancels); a paired run
+    and a baseline compare through the run's rounds; otherwise the step times of separate
+    runs (:func:`ckptlab.stats.ratio_ci`)."""
+    threshold = a.noise_threshold_pct
+    if a.paired is not None and b.paired is not None:
+        ratios = [[s / t for t, s in zip(r.paired[0], r.paired[1], strict=False) if t > 0] for r in (a, b)]
+        return ratio_ci(ratios[0], ratios[1], threshold_pct=threshold)
+    if a.role == "baseline" and b.paired is not None:
+        return paired_ratio_ci(b.paired[0], b.paired[1], threshold_pct=threshold)
+    if b.role == "baseline" and a.paired is not None:
+        return paired_ratio_ci(a.paired[1], a.paired[0], threshold_pct=threshold)
+    return ratio_ci(a.step_times_ms, b.step_times_ms, threshold_pct=threshold)
 
 
 def _simplicity(spec: Mapping[str, Any]) -> tuple:
@@ -171,15 +199,26 @@ def step_samples(summary: Any) -> list[float]:
     return RunSummary.load(summary).step_times_ms
 
 
-def overhead_words(interval: RatioInterval | None, *, drift: bool = False) -> str | None:
+#: How an overhead was measured, in its words: separate runs (paired rounds name their clock).
+UNPAIRED_WORDS = "separate runs, not paired"
+
+
+def overhead_words(
+    interval: RatioInterval | None, *, drift: bool = False, paired: str | bool | None = None
+) -> str | None:
     """An overhead in words; "no measurable difference" when it is not measurable (its 95% CI
     contains 0 or its estimate is below the noise threshold, :attr:`ckptlab.stats.RatioInterval.measurable`).
 
     With ``drift``: the same for a baseline's second run against its first ("drift: ...").
+    ``paired``: say how it was measured (the clock of paired rounds, e.g. ``"CPU time"``:
+    "CPU time of rounds paired with none in one process"; False: :data:`UNPAIRED_WORDS`;
+    None: nothing).
     """
     if interval is None:
         return None
     ci = f"95% CI {interval.low_pct:+.0f}% to {interval.high_pct:+.0f}%"
+    if paired is not None:
+        ci += f"; {paired} of rounds paired with none in one process" if paired else f"; {UNPAIRED_WORDS}"
     text = f"{interval.estimate_pct:+.0f}% ({ci})" if interval.measurable else f"no measurable difference ({ci})"
     return f"drift since the first baseline run: {text}" if drift else text
 
@@ -228,6 +267,7 @@ def sweep_rows(sweep: Sweep, *, noise_threshold_pct: float = NOISE_THRESHOLD_PCT
                 peak_phase=summary.peak_phase,
                 peak_explanation=summary.peak_explanation,
                 step_times_ms=summary.step_times_ms,
+                paired=summary.paired_rounds(),
                 noise_threshold_pct=noise_threshold_pct,
             )
         )
@@ -260,9 +300,17 @@ def sweep_rows(sweep: Sweep, *, noise_threshold_pct: float = NOISE_THRESHOLD_PCT
         p, bp = r.metrics["peak_allocated_bytes"], b.metrics["peak_allocated_bytes"] if b else None
         r.metrics["peak_saving_pct"] = 100.0 * (1.0 - p / bp) if p is not None and bp else None
         interval = None  # a baseline's first run has none; its second run's is its drift (above)
-        if r.role == "run" and b is not None:
+        paired = r.paired_overhead() if r.role == "run" else None
+        if paired is not None:  # its own rounds: no other run needed
+            interval = paired
+            r.overhead, r.overhead_text = interval.as_dict(), overhead_words(interval, paired=r.paired[2])
+            r.metrics["overhead_pct"] = interval.estimate_pct
+        elif r.role == "run" and b is not None:
             interval = ratio_ci(b.step_times_ms, r.step_times_ms, threshold_pct=noise_threshold_pct)
-            r.overhead, r.overhead_text = (interval.as_dict() if interval else None), overhead_words(interval)
+            r.overhead, r.overhead_text = (
+                (interval.as_dict() if interval else None),
+                overhead_words(interval, paired=False),
+            )
             if interval:
                 r.metrics["overhead_pct"] = interval.estimate_pct  # against all the baseline's runs
         r.metrics["overhead_low_pct"] = interval.low_pct if interval else None
@@ -286,7 +334,7 @@ def _against_compiled_baseline(rows: list[SweepRow], compiled: Mapping[int, Any]
         if r.experiment_id not in compiled or ref is None or ref is r:
             continue
         interval = ratio_ci(ref.step_times_ms, r.step_times_ms, threshold_pct=noise_threshold_pct)
-        words = overhead_words(interval)
+        words = overhead_words(interval, paired=False)
         r.overhead = interval.as_dict() if interval else None
         r.overhead_text = f"{words} against {ref.label}" if words else None
         r.metrics["overhead_pct"] = interval.estimate_pct if interval else None

@@ -37,3 +37,25 @@ def test_a_compiled_run_is_timed_against_the_same_compiled_model_at_budget_1():
     assert rows[2].overhead_text.endswith("against strategy=compile_budget budget=1.0")
     assert rows[3].metrics["overhead_pct"] < -40  # against none
     assert "against" not in rows[3].overhead_text
+
+
+def test_a_paired_run_is_judged_on_its_own_rounds_not_against_a_separate_run():
+    """The baseline run ran during a load burst (twice as slow); the checkpointed run's own
+    rounds with its un-checkpointed copy say +30%: the row reports +30%, from CPU time,
+    and says it was paired; a separate-run comparison would have said -35%."""
+    base = _experiment(1, 200.0)
+    run = _experiment(2, 130.0, strategy="sequential", segments=2)
+    rng = random.Random(7)
+    copy_cpu = [100.0 * (1 + rng.uniform(-0.02, 0.02)) for _ in range(20)]
+    run.summary = {
+        **run.summary,
+        "device": "cpu",
+        "paired_with": "none",
+        "paired_baseline_step_times_ms": [100.0] * 20,
+        "paired_baseline_cpu_ms": copy_cpu,
+        "step_cpu_ms": [t * 1.3 for t in copy_cpu],
+    }
+    sweep = Sweep(id=1, name="s", axes={"checkpoint.segments": [2]}, experiments=[base, run])
+    row = {r.experiment_id: r for r in sweep_rows(sweep, noise_threshold_pct=10)}[2]
+    assert 29 < row.metrics["overhead_pct"] < 31
+    assert "CPU time of rounds paired with none in one process" in row.overhead_text

@@ -53,3 +53,15 @@ def test_the_cuda_timing_pass_keeps_its_memory_readings():
     timed = [r for r in records if r["extra"]["pass"] == "timed"]
     assert len(timed) == 3 and all(r["peak_allocated_bytes"] > 0 for r in timed)
     assert summary["timing_pass"] == "timed" and summary["timing"]["step_ms"]["n"] == 3
+
+
+def test_a_checkpointed_cuda_run_is_paired_on_cuda_event_times():
+    """Paired rounds on CUDA: wall times from CUDA events (no per-phase synchronize), the
+    summary's rounds judged by wall time; per-block recomputation is not faster."""
+    from ckptlab.summary import RunSummary
+
+    spec = make_spec(device="cuda", verify_gradients=False, timed_steps=10, **SPECS["mlp-per_block"])
+    summary = RunSummary.load(run_experiment(spec))
+    base, run, clock = summary.paired_rounds()
+    assert clock == "wall time" and len(base) == len(run) == 10
+    assert all(t > 0 for t in base + run)

@@ -1,0 +1,57 @@
+"""Paired timing (issue 19): a checkpointed run's timed steps are rounds with an
+un-checkpointed copy in the same process, so a busy host cannot fake or hide an overhead."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ckptlab.spec import ExperimentSpec
+from ckptlab.stats import paired_ratio_ci
+from ckptlab.summary import RunSummary
+from tests.factories import spec_dict
+from worker.engine import run_experiment
+
+#: An MLP deep enough that recomputing every block costs about a third more per step
+#: (measured +31% to +35% paired, quiet 2-core VM), with steps of ~10 ms.
+DEEP = {"model.depth": 32, "model.width": 512, "batch_size": 64, "timed_steps": 20, "verify_gradients": False}
+
+
+def _run(**checkpoint) -> dict:
+    return run_experiment(ExperimentSpec.model_validate(spec_dict(**DEEP, checkpoint=checkpoint)))
+
+
+def test_a_checkpointed_run_is_timed_in_rounds_with_an_uncheckpointed_copy():
+    s = _run(strategy="per_block")
+    assert s["paired_with"] == "none"
+    assert len(s["paired_baseline_step_times_ms"]) == len(s["step_times_ms"]) == 20
+    assert len(s["step_cpu_ms"]) == 20 and all(t > 0 for t in s["step_cpu_ms"])
+    for name in ("paired_with", "paired_baseline_step_times_ms"):
+        assert not _run(strategy="none").get(name)
+        assert not run_experiment(
+            ExperimentSpec.model_validate(spec_dict(**DEEP, paired_timing=False, checkpoint={"strategy": "per_block"}))
+        ).get(name)
+
+
+@pytest.fixture
+def one_thread():
+    """One torch thread, as a worker slot on a shared host should run (``--cpu-threads 1``):
+    OpenMP threads that wait for a preempted sibling make multi-threaded step times
+    unreadable under load (docs/benchmarks.md, "Paired timing")."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_under_a_busy_host_identical_work_is_no_difference_and_a_real_overhead_is_found(cpu_load, one_thread):
+    """With one spinning process per core: ``sequential`` 1 (the same work as ``none``) is
+    no measurable difference, and per-block recomputation is a measurable overhead, in
+    each of 3 repeats, judged as the product judges them (the summary's paired rounds)."""
+    for _ in range(3):
+        same = RunSummary.load(_run(strategy="sequential", segments=1)).paired_rounds()
+        interval = paired_ratio_ci(same[0], same[1])
+        assert same[2] == "CPU time" and not interval.measurable, interval
+        real = RunSummary.load(_run(strategy="per_block")).paired_rounds()
+        interval = paired_ratio_ci(real[0], real[1])
+        assert interval.measurable and interval.estimate_pct >= 15, interval
