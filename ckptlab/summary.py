@@ -112,6 +112,12 @@ class RunSummary(BaseModel):
     grad_max_abs: float | None = None
     loss_diff: float | None = None
     reference_activation_bytes: int | None = None
+    recompute_verdict: Literal["match", "differ"] | None = Field(
+        None, description="each checkpointed group's recomputed output against its first forward's (None: no group)"
+    )
+    recompute_first_differing_group: dict[str, Any] | None = Field(
+        None, description="the first group (blocks start..end-1) whose recomputation differs, and by how much"
+    )
     # The baseline's blocks (worker.block_profile), recorded in its first memory step.
     block_profile: list[dict[str, Any]] | None = Field(
         None, description="per block: retained, input, output, param, forward and backward bytes, forward ms"

@@ -6,17 +6,23 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.utils.checkpoint import set_checkpoint_early_stop
 
 from ckptlab.spec import ExperimentSpec
 from ckptlab.strategies import BASELINE
 from worker.memory import LiveTensorTracker
 from worker.models import Built, build_model
-from worker.strategies import apply_strategy
+from worker.strategies import CheckpointedGroup, apply_strategy
 from worker.training import autocast_for
 
 __all__ = ["verify_gradients"]
 
 
+#: Relative difference (to the largest output value) above which a group's recomputed
+#: output differs from its first forward's: far above rounding (recomputation runs the same
+#: kernels on the same inputs; GPU kernels with atomics may differ in the last bits), far
+#: below a redrawn dropout mask (it changes about half the values by their whole size).
+RECOMPUTE_RTOL = 1e-3
 #: Names of parameters listed in ``params_missing_grad`` at most.
 _MAX_NAMES = 20
 
@@ -123,9 +129,15 @@ def verify_gradients(
     )
     loss_ref.backward()
     del out_ref
-    out_ck, loss_ck = forward(ck)
-    loss_ck.backward()
+    groups = [g for g in ck.blocks if isinstance(g, CheckpointedGroup)]
+    for g in groups:
+        g.check_recompute = True
+    with set_checkpoint_early_stop(False):  # (read at forward) recompute each group whole: its output exists
+        out_ck, loss_ck = forward(ck)
+        loss_ck.backward()
     del out_ck
+    differing = [g for g in groups if (g.recompute_rel_diff or 0.0) > RECOMPUTE_RTOL]
+    first_differing = min(differing, key=lambda g: g.blocks_range) if differing else None
     rtol = 1e-4 if spec.amp == "off" else 1e-2
     diff, scale, mismatches, worst, worst_rel, missing = 0.0, 0.0, 0, None, 0.0, []
     for (name, pr), pc in zip(ref.module.named_parameters(), ck_params, strict=True):
@@ -143,12 +155,28 @@ def verify_gradients(
             if worst is None or rel > worst_rel:
                 worst, worst_rel = name, rel
     vanished = scale < VANISHING_GRADIENT
-    verdict = "undetermined: vanishing gradients" if vanished else ("match" if not mismatches else "differ")
+    if first_differing is not None:  # the recomputation itself differs: no gradient scale hides that
+        verdict = "differ"
+    else:
+        verdict = "undetermined: vanishing gradients" if vanished else ("match" if not mismatches else "differ")
+    recompute: dict[str, Any] = {"recompute_verdict": None}
+    if differing:
+        recompute["recompute_verdict"] = "differ"
+    elif groups and all(g.recompute_max_abs_diff is not None for g in groups):  # every group compared
+        recompute["recompute_verdict"] = "match"
+    if first_differing is not None:
+        start, end = first_differing.blocks_range
+        recompute["recompute_first_differing_group"] = {
+            "start": start,
+            "end": end,
+            "max_abs_diff": first_differing.recompute_max_abs_diff,
+        }
     return {
+        **recompute,
         "grad_max_abs_diff": diff,
         "grad_max_abs": scale,
         "loss_diff": abs(float(loss_ck.detach().float()) - float(loss_ref.detach().float())),
-        "gradients_match": None if vanished else mismatches == 0,
+        "gradients_match": False if first_differing is not None else (None if vanished else mismatches == 0),
         "gradient_verdict": verdict,
         "grad_mismatch_count": mismatches,
         "grad_worst_param": worst,

@@ -27,11 +27,13 @@ this module carries them out. The built-ins:
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from ckptlab.spec import CheckpointSpec
@@ -205,16 +207,47 @@ class CheckpointedGroup(_Group):
         self.context_fn = context_fn
         self.on_recompute = on_recompute
         self.in_forward = False
+        #: Set by the gradient check: the first forward's outputs (kept), compared with what
+        #: the recomputation produces (``recompute_max_abs_diff``: the largest difference,
+        #: ``recompute_rel_diff``: it over the largest absolute first output).
+        self.check_recompute = False
+        self._first_outputs: list[torch.Tensor] = []
+        self.recompute_max_abs_diff: float | None = None
+        self.recompute_rel_diff: float | None = None
 
     def _run(self, *args: Any, **kwargs: Any) -> Any:
         recomputing = not self.in_forward and self.on_recompute is not None
         if recomputing:
             self.on_recompute(True)
         try:
-            return self.run_blocks(*args, **kwargs)
+            output = self.run_blocks(*args, **kwargs)
         finally:
             if recomputing:
                 self.on_recompute(False)
+        if self.check_recompute:
+            self._compare(first_tensor(output))
+        return output
+
+    def _compare(self, output: Any) -> None:
+        """Keep the first forward's output; compare a recomputation's with it (issue 19:
+        a redrawn dropout mask shows here whatever the scale of the gradients)."""
+        if not isinstance(output, torch.Tensor):
+            return
+        # outside any dispatch mode (selective checkpointing caches the ops it sees: these
+        # are not the model's) and outside autograd
+        with _disable_current_modes(), torch.no_grad():
+            self._compare_now(output)
+
+    def _compare_now(self, output: torch.Tensor) -> None:
+        if self.in_forward:
+            self._first_outputs.append(output.detach().clone())
+        elif self._first_outputs:
+            first = self._first_outputs.pop(0)
+            same_shape = output.shape == first.shape
+            diff = float((output.detach().float() - first.float()).abs().max()) if same_shape else math.inf
+            scale = float(first.float().abs().max()) if first.numel() else 0.0
+            self.recompute_max_abs_diff = max(self.recompute_max_abs_diff or 0.0, diff)
+            self.recompute_rel_diff = max(self.recompute_rel_diff or 0.0, diff / scale if scale > 0 else diff)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """Run the group keeping only its inputs for backward; returns the last block's
@@ -334,6 +367,7 @@ def apply_strategy(
                 context_fn=context_fn,
                 on_recompute=on_recompute,
             )
+        wrapped.blocks_range = (start, end)  # type: ignore[assignment]
         blocks[start] = wrapped
         for i in range(start + 1, end):
             blocks[i] = GroupedAway(wrapped, members[i - start], last=i == end - 1)

@@ -122,3 +122,19 @@ def test_without_warmup_adams_state_is_counted_as_optimizer_state_at_the_peak():
     for at_peak in (summary["memory_at_peak"], records[0]["extra"]["memory_at_peak"]):
         assert 2 * params <= at_peak["optimizer_state"] < 2 * params + 4096
         assert at_peak["other"] < params
+
+
+@pytest.mark.parametrize("depth", [8, 32, 64])
+def test_a_redrawn_dropout_mask_is_named_by_the_first_group_whose_recomputation_differs(depth):
+    """Issue 19: without RNG preservation a deep MLP's dropout masks are drawn again in the
+    recomputation; the check compares each checkpointed group's recomputed output with its
+    first forward's, so the run does not match whatever its gradients' scale, and it names
+    the first group that differs (the first checkpointed one: every group has dropout)."""
+    base = {"model.depth": depth, "model.width": 32, "model.dropout": 0.5, "checkpoint.strategy": "per_block"}
+    bad, _ = _run(**base, **{"checkpoint.preserve_rng_state": False})
+    assert bad["gradients_match"] is False and bad["gradient_verdict"] == "differ"
+    assert bad["recompute_verdict"] == "differ"
+    group = bad["recompute_first_differing_group"]
+    assert (group["start"], group["end"]) == (0, 1) and group["max_abs_diff"] > 0
+    good, _ = _run(**base, **{"checkpoint.preserve_rng_state": True})
+    assert good["recompute_verdict"] == "match" and good.get("recompute_first_differing_group") is None
