@@ -30,6 +30,7 @@ Known limitations:
 from __future__ import annotations
 
 import time
+import weakref
 from dataclasses import replace
 from typing import Any
 
@@ -65,6 +66,11 @@ class BlockRecorder:
         self._backward_start: dict[int, int] = {}
         self._backward_extra: dict[int, int] = {}
         self._hooks: list[Any] = []
+        # The previous block's output (weakly: the recorder must not keep it alive), and the
+        # blocks whose input is that very tensor: their backward ends where the previous
+        # block's begins, in the one hook the tensor already has (see _output_grad).
+        self._last_output: tuple[int, weakref.ref] | None = None
+        self._chained: set[int] = set()
 
     def __enter__(self) -> BlockRecorder:
         for i, block in enumerate(self.blocks):
@@ -94,7 +100,12 @@ class BlockRecorder:
             if self.windowed:
                 self.probe.reset_window()
             if isinstance(hidden, torch.Tensor) and hidden.requires_grad:
-                hidden.register_hook(self._input_grad(i))
+                last = self._last_output
+                if last is not None and last[0] == i - 1 and last[1]() is hidden:
+                    self._chained.add(i)
+                else:
+                    hidden.register_hook(self._input_grad(i))
+            self._last_output = None
 
         return hook
 
@@ -107,6 +118,7 @@ class BlockRecorder:
             hidden = first_tensor(output)
             if isinstance(hidden, torch.Tensor) and hidden.requires_grad:
                 hidden.register_hook(self._output_grad(i))
+                self._last_output = (i, weakref.ref(hidden))
             self._profiles[i] = BlockProfile(
                 retained_bytes=after - live,
                 forward_bytes=max(top - after, 0),
@@ -119,8 +131,14 @@ class BlockRecorder:
         return hook
 
     def _output_grad(self, i: int):
+        # Block i's output is block i + 1's input: the gradient arriving here also ends
+        # block i + 1's backward. Tensor hooks run in the order they were registered, so a
+        # second hook for that would read the window after this one has reset it (block
+        # i + 1's backward then read as 0 bytes).
         def hook(grad):
             self.meter.sync()
+            if i + 1 in self._chained:
+                self._end_backward(i + 1)
             self._backward_start[i] = self.probe.live_bytes
             if self.windowed:
                 self.probe.reset_window()
@@ -130,10 +148,14 @@ class BlockRecorder:
     def _input_grad(self, i: int):
         def hook(grad):
             self.meter.sync()
-            top = self._window_top()
-            self._backward_extra[i] = max(top - self._backward_start.get(i, top), 0)
+            self._end_backward(i)
 
         return hook
+
+    def _end_backward(self, i: int) -> None:
+        """The gradient of block ``i``'s input is ready: its backward held the window's top."""
+        top = self._window_top()
+        self._backward_extra[i] = max(top - self._backward_start.get(i, top), 0)
 
     def finish_backward(self, backward_peak: int) -> None:
         """After ``backward()``: a block whose input needed no gradient ends with backward
