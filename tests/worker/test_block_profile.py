@@ -36,3 +36,13 @@ def test_identical_blocks_read_the_same_backward_bytes():
     first = blocks[0].backward_bytes
     assert first >= 32 * 64 * 4  # at least the gradient it passes on
     assert [b.backward_bytes for b in blocks] == [first] * 4
+
+
+def test_an_output_only_the_next_block_saved_is_released_before_its_own_backward():
+    # With dropout, a block's output is the dropout's, which only the next Linear saves:
+    # freed when the next block's backward is over, before this block's begins. Without
+    # dropout the output is the ReLU's, which the ReLU saves for its own backward.
+    shape = {"model.depth": 4, "model.width": 64, "batch_size": 32}
+    out = 32 * 64 * 4
+    assert [b.released_bytes for b in record(**shape, **{"model.dropout": 0.5})] == [out] * 4
+    assert [b.released_bytes for b in record(**shape)] == [0] * 4
