@@ -10,8 +10,7 @@ restricted to PyTorch's non-reentrant ``checkpoint`` (a checkpointed segment kee
 and is recomputed once during backward).
 
 The memory model (bytes; ``F`` = what is alive throughout: parameters, optimizer state,
-the batch, the stem's activations, a margin; Rotor's model, with each block's
-temporaries measured rather than derived):
+the batch, the stem's activations; Rotor's model, each block's temporaries measured):
 
 - After forward, an un-checkpointed block ``i`` keeps ``retained_bytes[i]`` (the bytes it
   created that are still alive right after its forward, its output included). A
@@ -25,15 +24,15 @@ temporaries measured rather than derived):
 - Backward runs the segments in reverse. Segment ``k`` is recomputed whole when its
   backward starts (non-reentrant checkpoint), with the gradient of its output waiting; then
   block ``j``'s backward holds everything the earlier segments keep, the retained bytes of
-  its own segment up to ``j``, the gradients of the later blocks' parameters
-  (``param_bytes``), the gradient of its output and ``backward_bytes``.
+  its own segment up to ``j`` less ``released_bytes``, the gradients of the later blocks'
+  parameters (``param_bytes``), the gradient of its output and ``backward_bytes``; and all
+  along, what the part after the blocks leaves alive (:func:`plan_chain`'s ``backward_bytes``).
 - At the end of forward the part after the blocks holds ``head_bytes``, calibrated on the
   un-checkpointed profile step so that the model predicts that step's peak.
-- Predicted peak = ``max(F + max(every term above), optimizer_peak)``; ``optimizer_peak`` is
-  the optimizer step's own peak, which no plan changes.
+- Predicted peak = ``max(F + max(every term above), floor)``; the floor (the optimizer
+  step's own peak, the stem's backward) is the same under every plan.
 
-Pure Python, no torch: the engine profiles, this
-module decides.
+Pure Python, no torch: the engine profiles, this module decides.
 """
 
 from __future__ import annotations
@@ -76,6 +75,9 @@ class BlockProfile:
         forward_bytes: the most bytes the block's forward holds above what it keeps at
             its end: temporaries it frees before returning (default 0). A recomputation
             holds them again, on top of everything alive in backward.
+        released_bytes: bytes of ``retained_bytes`` already freed when the gradient of the
+            block's output arrives (default 0): its output, when only what comes after
+            (the next block, the head) saved it, and that backward ran first.
     """
 
     retained_bytes: int
@@ -85,6 +87,7 @@ class BlockProfile:
     param_bytes: int = 0
     backward_bytes: int = 0
     forward_bytes: int = 0
+    released_bytes: int = 0
 
     @property
     def out_bytes(self) -> int:
@@ -174,9 +177,10 @@ def _activation_peak(
 
 def _backward_extra(blocks: Sequence[BlockProfile], i: int, grads_after: Sequence[int]) -> int:
     """What block ``i``'s backward holds besides the kept bytes: the gradients of later
-    blocks, the gradient of its output, and what its backward adds."""
+    blocks, the gradient of its output, and what its backward adds, less what of its kept
+    bytes is already freed (``released_bytes``; at most its output, so never negative)."""
     b = blocks[i]
-    return grads_after[i + 1] + b.out_bytes + b.backward_bytes
+    return grads_after[i + 1] + b.out_bytes + b.backward_bytes - b.released_bytes
 
 
 def kept_after_forward(
@@ -363,7 +367,8 @@ def plan_chain(
             holds at the end of forward, when every block's kept bytes are alive too
             (default 0).
         backward_bytes: what is alive while the blocks run backward besides the blocks'
-            own bytes: the gradients of the parameters outside the blocks (default 0).
+            own bytes: what the part after them leaves (its parameters' gradients, the
+            output the caller holds; default 0).
         checkpoint_bytes: what each checkpoint keeps besides its input, from its forward
             to its backward: the RNG state with ``preserve_rng_state`` (default 0).
         resolution: bytes are counted in ``activation budget / resolution`` units, rounded
