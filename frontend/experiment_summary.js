@@ -77,6 +77,14 @@ function overheadDelta(cmp) {
   return el('span', { class: `delta ${o.estimate_pct < 0 ? 'good' : 'bad'}`, title: cmp.overhead_text }, `${fmtPct(o.estimate_pct)} vs baseline`);
 }
 
+/** What the recomputation produced against the first forward: the first group that differs. */
+function recomputeText(s) {
+  const g = s.recompute_first_differing_group;
+  if (!g) return 'every checkpointed group recomputes what its first forward produced';
+  const blocks = g.end - g.start > 1 ? `blocks ${g.start}–${g.end - 1}` : `block ${g.start}`;
+  return `differs from the first forward from ${blocks} on (max |Δ| ${fmtDiff(g.max_abs_diff)}): a dropout mask drawn again? turn preserve_rng_state on`;
+}
+
 /** "3.31 ms (IQR 0.12 ms, 95% CI 3.01–3.47 ms, 20 timed steps)". */
 function stepTimeText(s) {
   const t = s.timing && s.timing.step_ms;
@@ -146,6 +154,7 @@ export function renderSummary(exp, baseline) {
       baselineEntry,
       ['Gradient check', s.gradients_match === false && s.grad_worst_param ? `${grad}; worst: ${s.grad_worst_param}` : grad,
         s.gradients_match === false ? { class: 'bad', id: 'exp-grad' } : { id: 'exp-grad' }],
+      s.recompute_verdict ? ['Recomputation', recomputeText(s), s.recompute_verdict === 'differ' ? { class: 'bad', id: 'exp-recompute' } : { id: 'exp-recompute' }] : null,
       ['Params without grad', fmtInt(s.params_without_grad), s.params_without_grad > 0 ? { class: 'bad' } : null],
       ['Parameters', fmtInt(s.param_count)],
       ['Final loss', typeof s.final_loss === 'number' ? s.final_loss.toPrecision(5) : '—'],

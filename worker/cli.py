@@ -92,9 +92,15 @@ def _gradient_line(summary: RunSummary) -> str:
         return "gradients: not compared (strategy none, or verify_gradients off)"
     if summary.gradients_match:
         return f"gradients: match an un-checkpointed step (max |diff| {summary.grad_max_abs_diff or 0:.2e})"
+    group = summary.recompute_first_differing_group
+    recompute = (
+        f"; recomputation differs from the first forward from blocks {group['start']}-{group['end'] - 1} on"
+        if group
+        else ""
+    )
     return (
         f"gradients: DIFFER from an un-checkpointed step in {summary.grad_mismatch_count} parameter(s); worst "
-        f"{summary.grad_worst_param} (relative error {summary.grad_worst_rel_error or 0:.2e})"
+        f"{summary.grad_worst_param} (relative error {summary.grad_worst_rel_error or 0:.2e}){recompute}"
     )
 
 

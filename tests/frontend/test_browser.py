@@ -220,6 +220,9 @@ def test_sweep_from_form_live_charts_and_recommendation(
     expect(page.locator("#exp-overhead-ci")).to_contain_text("95% CI")
     expect(page.locator("#exp-summary")).to_contain_text(f"#{best['baseline_id']}")
     expect(page.locator("#exp-grad")).to_contain_text("match")
+    _, shown = _get_json(f"{app_url}/api/experiments/{best['experiment_id']}")
+    if (shown.get("summary") or {}).get("recompute_verdict") == "match":  # it checkpoints a group
+        expect(page.locator("#exp-recompute")).to_contain_text("every checkpointed group recomputes")
     page.wait_for_function(
         "document.getElementById('chart-memory').data && document.getElementById('chart-memory').data.length >= 5"
     )
