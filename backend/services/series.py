@@ -16,8 +16,9 @@ from sqlalchemy import Select, func, literal, select
 from sqlalchemy.orm import Session
 from tsdownsample import MinMaxLTTBDownsampler
 
+from ckptlab.db.database import raw_cursor
 from ckptlab.db.models import Experiment, Step
-from ckptlab.domain import STEP_FIELDS, Status
+from ckptlab.domain import SERIES_METRICS, Status
 from ckptlab.side_tasks import SideTask
 
 log = logging.getLogger("ckptlab.api")
@@ -34,27 +35,9 @@ __all__ = [
     "count_finite",
 ]
 
-#: Per-step columns a series can be drawn from (times in ms, memory in bytes).
-SERIES_METRICS = (*STEP_FIELDS, "loss")
-
-
-def _raw_cursor(session: Session, stmt: Select) -> Any:
-    """Execute ``stmt`` on the session's DBAPI connection and return the raw cursor.
-
-    Skips SQLAlchemy's per-row result processing, which would double the time to read a
-    million rows.
-    """
-    conn = session.connection()
-    compiled = stmt.compile(dialect=conn.dialect)
-    params = compiled.construct_params()
-    args: Any = tuple(params[k] for k in compiled.positiontup) if compiled.positional else params
-    cur = conn.connection.dbapi_connection.cursor()
-    cur.execute(str(compiled), args)
-    return cur
-
 
 def _column_array(session: Session, stmt: Select, dtype: Any) -> np.ndarray:
-    cur = _raw_cursor(session, stmt)
+    cur = raw_cursor(session, stmt)
     try:
         return np.fromiter(itertools.chain.from_iterable(cur), dtype=dtype)
     finally:

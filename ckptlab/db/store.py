@@ -20,6 +20,7 @@ from ckptlab.db.database import is_postgresql
 from ckptlab.db.events import record_events
 from ckptlab.db.models import Experiment, Step, Sweep, utcnow
 from ckptlab.db.queue import WORKER_LOST
+from ckptlab.db.rollups import add_rollup
 from ckptlab.domain import STEP_FIELDS, Status
 from ckptlab.spec import ExperimentSpec
 from ckptlab.sweeps import SweepPlan
@@ -63,13 +64,16 @@ def create_experiment(
     return exp
 
 
-def _step_row(experiment_id: int, attempt: int, rec: Mapping[str, Any]) -> dict[str, Any]:
+def _step_row(experiment_id: int, attempt: int, rec: Mapping[str, Any]) -> tuple[dict[str, Any], tuple]:
+    """The ``steps`` row of one record, and its series values in
+    :data:`ckptlab.domain.SERIES_METRICS` order (None for no value) for the rollup."""
+    fields = tuple(map(rec.get, STEP_FIELDS))
     loss = rec.get("loss")
     nonfinite = None
     if loss is not None and not math.isfinite(loss):
         nonfinite = "nan" if math.isnan(loss) else ("inf" if loss > 0 else "-inf")
         loss = None
-    row = {k: rec.get(k) for k in STEP_FIELDS}
+    row = dict(zip(STEP_FIELDS, fields, strict=True))
     row.update(
         experiment_id=experiment_id,
         attempt=attempt,
@@ -78,7 +82,7 @@ def _step_row(experiment_id: int, attempt: int, rec: Mapping[str, Any]) -> dict[
         loss_nonfinite=nonfinite,
         extra=rec.get("extra"),
     )
-    return row
+    return row, (*fields, loss)
 
 
 def add_steps(
@@ -89,18 +93,23 @@ def add_steps(
     records: Iterable[Mapping[str, Any]],
     skip_existing: bool = False,
 ) -> int:
-    """Insert step records in one batch and commit; returns the number of records given.
+    """Insert step records in one batch with their rollup (:mod:`ckptlab.db.rollups`), in
+    one transaction, and commit; returns the number of records given.
 
     A non-finite ``loss`` is stored as NULL with ``loss_nonfinite`` = ``nan``/``inf``/``-inf``.
 
     Args:
         skip_existing: silently skip records whose (experiment, attempt, step) is already
-            stored (``INSERT ... ON CONFLICT DO NOTHING``), so a batch can be retried after
-            a commit whose outcome was unknown. Default False: a duplicate raises
-            ``sqlalchemy.exc.IntegrityError``.
+            stored (they are left out of the insert and of the rollup, so a batch can be
+            retried after a commit whose outcome was unknown; a step given twice counts
+            once). Default False: a duplicate raises ``sqlalchemy.exc.IntegrityError``.
     """
-    rows = [_step_row(experiment_id, attempt, r) for r in records]
-    if rows:
+    pairs = [_step_row(experiment_id, attempt, r) for r in records]
+    given = len(pairs)
+    if pairs and skip_existing:
+        pairs = _new_rows(session, experiment_id, attempt, pairs)
+    if pairs:
+        rows = [row for row, _ in pairs]
         stmt = Step.__table__.insert()
         if skip_existing:
             dialect_insert = postgresql.insert if is_postgresql(session) else sqlite.insert
@@ -108,8 +117,33 @@ def add_steps(
                 index_elements=["experiment_id", "attempt", "step"]
             )
         session.execute(stmt, rows)
+        steps = [row["step"] for row in rows]
+        add_rollup(session, experiment_id=experiment_id, attempt=attempt, steps=steps, values=[v for _, v in pairs])
         session.commit()
-    return len(rows)
+    return given
+
+
+def _new_rows(session: Session, experiment_id: int, attempt: int, pairs: list[tuple[dict, tuple]]) -> list:
+    """``pairs`` (see :func:`_step_row`) without the steps already stored for the attempt
+    (one indexed range query) and without a second record of the same step."""
+    steps = [row["step"] for row, _ in pairs]
+    stored = set(
+        session.scalars(
+            select(Step.step).where(
+                Step.experiment_id == experiment_id,
+                Step.attempt == attempt,
+                Step.step.between(min(steps), max(steps)),
+            )
+        )
+    )
+    if not stored and len(set(steps)) == len(steps):
+        return pairs
+    fresh = []
+    for pair in pairs:
+        if pair[0]["step"] not in stored:
+            stored.add(pair[0]["step"])
+            fresh.append(pair)
+    return fresh
 
 
 def list_experiments(
