@@ -31,7 +31,8 @@ log = logging.getLogger("ckptlab.api")
 
 __all__ = ["read_view", "step_bounds"]
 
-_COL = {name: 1 + i for i, name in enumerate(ROLLUP_STATS)}  # after n_steps
+# read_metric's columns: n_steps, first_step, last_step, then the metric's stats
+_COL = {"n_steps": 0, "first_step": 1, "last_step": 2, **{name: 3 + i for i, name in enumerate(ROLLUP_STATS)}}
 _POINTS = (("first", "first_step"), ("min", "min_step"), ("max", "max_step"), ("last", "last_step"))
 
 
@@ -164,14 +165,14 @@ def _from_rollup(
         got = rollups.read_metric(
             session, experiment_id=experiment_id, attempt=attempt, metric=metric, level=k, first=start, last=end
         )
-        rows += int(got[:, 0].sum())
+        rows += int(got[:, _COL["n_steps"]].sum())
         count += int(got[:, _COL["count"]].sum())
         for value, step in _POINTS:
             xs.append(got[:, _COL[step]])
             ys.append(got[:, _COL[value]])
     x = np.concatenate(xs) if xs else np.empty(0)
     y = np.concatenate(ys) if ys else np.empty(0)
-    keep = np.isfinite(x)  # a metric with no value in a bucket has NULL points there
+    keep = np.isfinite(y)  # NULL where a bucket has no value (at its first or last step, or at all)
     steps, first_of = np.unique(x[keep], return_index=True)  # one point per step, ascending
     steps, values = steps.astype(np.int64), y[keep][first_of]
     lo_hi = None, None

@@ -3,7 +3,8 @@
 A bucket of level ``k`` summarises steps ``bucket * 2**k`` to ``(bucket + 1) * 2**k - 1``:
 how many step rows it holds and their first and last step, and for every series metric
 (:data:`ckptlab.domain.SERIES_METRICS`) the stats of :data:`ckptlab.db.models.ROLLUP_STATS`
-(count of finite values, min and max with their steps, first and last with their steps).
+(count of finite values, min and max with their steps, the values at the first and last
+step).
 :func:`summarize` rolls up step rows at every level of :data:`LEVELS`; :func:`combine`
 merges summaries of disjoint steps exactly, so a rollup written batch by batch equals one
 computed at once. Pure: no database.
@@ -21,7 +22,19 @@ import numpy as np
 from ckptlab.db.models import ROLLUP_STATS, ROLLUP_STEP_STATS, ROLLUP_VALUE_COLUMNS
 from ckptlab.domain import SERIES_METRICS
 
-__all__ = ["LEVELS", "POINTS_PER_BUCKET", "Buckets", "level_for", "summarize", "combine", "empty", "INTEGER_COLUMNS"]
+__all__ = [
+    "LEVELS",
+    "POINTS_PER_BUCKET",
+    "INTEGER_COLUMNS",
+    "Buckets",
+    "level_for",
+    "summarize",
+    "finest",
+    "spans",
+    "roll_up",
+    "combine",
+    "empty",
+]
 
 #: Levels ``k`` of the rollup: buckets of ``2**k`` steps (256 steps to about a million).
 #: The finest level holds one row per 256 steps, all levels together one per about 190.
@@ -79,7 +92,8 @@ def empty() -> Buckets:
 
 
 def summarize(steps: np.ndarray, values: np.ndarray) -> Buckets:
-    """The rollup of some step rows at every level of :data:`LEVELS`.
+    """The rollup of some step rows at every level of :data:`LEVELS`
+    (:func:`roll_up` of :func:`finest`).
 
     Args:
         steps: step numbers (int), each at most once; any order.
@@ -93,6 +107,12 @@ def summarize(steps: np.ndarray, values: np.ndarray) -> Buckets:
     Raises:
         ValueError: a step occurs twice, or the shapes do not match.
     """
+    return roll_up(finest(steps, values))
+
+
+def finest(steps: np.ndarray, values: np.ndarray) -> Buckets:
+    """The buckets of the finest level (``LEVELS[0]``) of some step rows; arguments and
+    errors as :func:`summarize`."""
     steps = np.asarray(steps, dtype=np.int64)
     values = np.asarray(values, dtype=np.float64)
     if values.shape != (len(steps), len(SERIES_METRICS)):
@@ -104,19 +124,33 @@ def summarize(steps: np.ndarray, values: np.ndarray) -> Buckets:
         steps, values = steps[order], values[order]
         if (np.diff(steps) == 0).any():
             raise ValueError("a step occurs twice")
-    finest = _finest(steps, values)
-    n = len(finest)
-    up = LEVELS[1:]
-    coarser = _reduce(
-        np.repeat(np.array(up, np.int64), n),
-        np.concatenate([finest.bucket >> (k - LEVELS[0]) for k in up]),
-        np.tile(finest.data, (len(up), 1)),
-    )
-    return Buckets(
-        np.concatenate([finest.level, coarser.level]),
-        np.concatenate([finest.bucket, coarser.bucket]),
-        np.concatenate([finest.data, coarser.data]),
-    )
+    return _finest(steps, values)
+
+
+def spans(buckets: Buckets) -> np.ndarray:
+    """``(level, first bucket, last bucket)`` per level, int64 ``(levels, 3)``, of the
+    buckets that finest-level ``buckets`` fall in at every level of :data:`LEVELS`: where
+    stored buckets to merge them with can be."""
+    if not len(buckets):
+        return np.empty((0, 3), np.int64)
+    lo, hi = int(buckets.bucket.min()), int(buckets.bucket.max())
+    return np.array([(k, lo >> (k - LEVELS[0]), hi >> (k - LEVELS[0])) for k in LEVELS], dtype=np.int64)
+
+
+def roll_up(fine: Buckets, *, onto: Buckets | None = None) -> Buckets:
+    """Finest-level buckets (:func:`finest`) carried up to every level of :data:`LEVELS`,
+    merged with ``onto`` (buckets of other steps at any level) in the same pass when given;
+    sorted by (level, bucket)."""
+    n = len(fine)
+    if not n:
+        return combine(onto) if onto is not None else empty()
+    up = np.array(LEVELS[1:], np.int64)
+    level = np.concatenate([fine.level, np.repeat(up, n)])
+    bucket = np.concatenate([fine.bucket, (fine.bucket[None, :] >> (up[:, None] - LEVELS[0])).ravel()])
+    data = np.concatenate([fine.data, np.tile(fine.data, (len(up), 1))])
+    if onto is not None and len(onto):
+        return combine(onto, Buckets(level, bucket, data))
+    return _reduce(level, bucket, data)  # sorted as built: by level, then bucket
 
 
 def _finest(steps: np.ndarray, values: np.ndarray) -> Buckets:
@@ -149,23 +183,16 @@ def _finest(steps: np.ndarray, values: np.ndarray) -> Buckets:
         put(value, best)
         hit = v == np.repeat(best, sizes, axis=1)
         put(step, np.fmin.reduceat(np.where(hit, at, np.nan), starts, axis=1))
-    rows = np.arange(n)
-    none = count == 0
-    metric = np.arange(len(v))[:, None]
-    for value, step, idx in (
-        ("first", "first_step", np.minimum.reduceat(np.where(finite, rows, n), starts, axis=1)),
-        ("last", "last_step", np.maximum.reduceat(np.where(finite, rows, -1), starts, axis=1)),
-    ):
-        idx = np.where(none, 0, idx)
-        put(value, np.where(none, np.nan, v[metric, idx]))
-        put(step, np.where(none, np.nan, at[idx]))
+    put("first", v[:, starts])
+    put("last", v[:, ends - 1])
     return Buckets(np.full(len(starts), LEVELS[0], np.int64), bucket[starts], out)
 
 
 def combine(*parts: Buckets) -> Buckets:
     """One set of buckets from summaries of disjoint steps: rows with the same (level,
-    bucket) are merged (counts added, the smaller min and larger max with their steps, the
-    earlier first and later last; a tie goes to the earlier step). Sorted by (level, bucket)."""
+    bucket) are merged (counts added, the smaller min and larger max with their steps, a
+    tie going to the earlier step; first and last from the row with the earliest first step
+    and the latest last step). Sorted by (level, bucket)."""
     parts = tuple(p for p in parts if len(p))
     if not parts:
         return empty()
@@ -196,13 +223,14 @@ def _reduce(level: np.ndarray, bucket: np.ndarray, data: np.ndarray) -> Buckets:
         out[:, _HEAD + _ST[stat] :: _S] = value
 
     put("count", np.add.reduceat(col("count"), starts, axis=0))
-    # (stat, its step, reduce of the stat, reduce picking the step, the key that decides)
     for value, step, pick in (("min", "min_step", np.fmin), ("max", "max_step", np.fmax)):
         best = pick.reduceat(col(value), starts, axis=0)
         put(value, best)
         put(step, np.fmin.reduceat(np.where(col(value) == best[group], col(step), np.nan), starts, axis=0))
-    for value, step, pick in (("first", "first_step", np.fmin), ("last", "last_step", np.fmax)):
-        at = pick.reduceat(col(step), starts, axis=0)
-        put(step, at)
-        put(value, np.fmax.reduceat(np.where(col(step) == at[group], col(value), np.nan), starts, axis=0))
+    # first and last: the rows holding the group's first and last step (one each: the
+    # merged summaries hold disjoint steps); NaN stays NaN (no value at that step)
+    rows = np.arange(n)
+    for value, edge in (("first", 1), ("last", 2)):
+        at = np.minimum.reduceat(np.where(data[:, edge] == out[group, edge], rows, n), starts)
+        put(value, col(value)[at])
     return Buckets(level[starts], bucket[starts], out)

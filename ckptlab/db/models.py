@@ -12,8 +12,8 @@ Ids are 64-bit on both databases (:data:`Id`).
 - ``steps``: per-step timings in ms and memory in bytes. Non-finite losses are stored
   explicitly: ``loss`` is NULL and ``loss_nonfinite`` says ``nan``, ``inf`` or ``-inf``.
 - ``step_rollups``: a multi-resolution summary of each attempt's steps (per level ``k``,
-  per bucket of ``2**k`` steps, per series metric: count, min, max, first, last and their
-  steps), written with the steps; see :mod:`ckptlab.db.rollups`.
+  per bucket of ``2**k`` steps, per series metric: count, min and max with their steps,
+  first and last), written with the steps; see :mod:`ckptlab.db.rollups`.
 """
 
 from __future__ import annotations
@@ -208,21 +208,12 @@ class Step(Base):
 
 
 #: What a rollup bucket keeps of each metric, in column order: how many of its steps have a
-#: finite value, the smallest and largest value with their steps, and the first and last
-#: finite value with their steps (values in the metric's unit: ms, bytes, or unitless loss).
-ROLLUP_STATS: tuple[str, ...] = (
-    "count",
-    "min",
-    "min_step",
-    "max",
-    "max_step",
-    "first",
-    "first_step",
-    "last",
-    "last_step",
-)
+#: finite value, the smallest and largest value with their steps (the earliest on a tie),
+#: and the value at the bucket's first and last step (``first_step``, ``last_step``; NULL
+#: when that step has none). Values in the metric's unit: ms, bytes, or unitless loss.
+ROLLUP_STATS: tuple[str, ...] = ("count", "min", "min_step", "max", "max_step", "first", "last")
 #: The stats that are counts or step numbers (integer columns); the others are values.
-ROLLUP_STEP_STATS = frozenset({"count", "min_step", "max_step", "first_step", "last_step"})
+ROLLUP_STEP_STATS = frozenset({"count", "min_step", "max_step"})
 #: The columns after the key, in order: the bucket's step rows (``n_steps``, its first and
 #: last step), then ``<metric>_<stat>`` for every series metric and stat.
 ROLLUP_VALUE_COLUMNS: tuple[str, ...] = (
@@ -246,7 +237,8 @@ class StepRollup(Base):
     """One bucket of an attempt's rollup: steps ``bucket * 2**level`` to
     ``(bucket + 1) * 2**level - 1``, summarised per series metric
     (:data:`ROLLUP_VALUE_COLUMNS`). A metric without a finite value in the bucket has count
-    0 and NULL stats. Written in the same transaction as the steps it summarises
+    0 and NULL stats; its first or last is NULL when the bucket's first or last step has
+    no value. Written in the same transaction as the steps it summarises
     (:func:`ckptlab.db.store.add_steps`); ``ckptlab db rebuild-rollups`` recomputes it."""
 
     __table__ = Table(

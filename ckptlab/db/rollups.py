@@ -2,9 +2,9 @@
 :class:`ckptlab.db.models.StepRollup`; the arrays are :mod:`ckptlab.db.buckets`).
 
 A rollup is a multi-resolution summary of one attempt's steps: at every level ``k`` of
-:data:`ckptlab.db.buckets.LEVELS`, one row per bucket of ``2**k`` steps with, for every
-series metric, the count of finite values, min and max with their steps, and first and
-last with their steps. A series request reads the coarsest level that still gives enough
+:data:`ckptlab.db.buckets.LEVELS`, one row per bucket of ``2**k`` steps with its first and
+last step and, for every series metric, the count of finite values, min and max with their
+steps, and the values at the first and last step. A series request reads the coarsest level that still gives enough
 buckets instead of the whole column, so its cost depends on the points asked for, not on
 the run's length (``backend.services.series_view``); the extremes stay exact.
 
@@ -17,9 +17,9 @@ the size of four step rows: a few percent of the steps table.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
 
 import numpy as np
 from sqlalchemy import delete, func, literal, select
@@ -35,6 +35,7 @@ __all__ = [
     "add_rollup",
     "merge_buckets",
     "read_buckets",
+    "read_spans",
     "coverage",
     "read_metric",
     "attempts_with_steps",
@@ -52,83 +53,110 @@ _KEY = ("experiment_id", "attempt", "level", "bucket")
 _TABLE = StepRollup.__table__.name
 
 
-def _columns_sql() -> str:
-    return ", ".join((*_KEY, *ROLLUP_VALUE_COLUMNS))
-
-
 def read_buckets(session: Session, *, experiment_id: int, attempt: int, like: Buckets) -> Buckets:
-    """The stored buckets of an attempt at the (level, bucket) ranges that ``like`` spans
-    (one query), sorted by (level, bucket)."""
+    """The stored buckets of an attempt at the (level, bucket) ranges that ``like`` (sorted
+    by level and bucket, as :mod:`ckptlab.db.buckets` gives them) spans: one query, sorted
+    the same way."""
     if not len(like):
         return empty()
-    ranges = []
-    args: list[int] = [experiment_id, attempt]
-    for k in np.unique(like.level):
-        at = like.bucket[like.level == k]
-        ranges.append("(level = {p} AND bucket BETWEEN {p} AND {p})")
-        args += [int(k), int(at.min()), int(at.max())]
-    p = placeholder(session)
-    sql = (
-        f"SELECT level, bucket, {', '.join(ROLLUP_VALUE_COLUMNS)} FROM {_TABLE} "
-        f"WHERE experiment_id = {p} AND attempt = {p} AND ({' OR '.join(ranges).format(p=p)})"
-    )
+    ends = np.append(np.flatnonzero(like.level[1:] != like.level[:-1]), len(like) - 1)
+    starts = np.concatenate([[0], ends[:-1] + 1])
+    ranges = np.stack([like.level[starts], like.bucket[starts], like.bucket[ends]], axis=1)
+    return read_spans(session, experiment_id=experiment_id, attempt=attempt, ranges=ranges)
+
+
+def read_spans(session: Session, *, experiment_id: int, attempt: int, ranges: np.ndarray) -> Buckets:
+    """The stored buckets of an attempt in ``ranges`` (rows of level, first and last bucket,
+    as :func:`ckptlab.db.buckets.spans` gives them): one query, sorted by (level, bucket)."""
+    if not len(ranges):
+        return empty()
+    args: list[int] = [experiment_id, attempt, *np.asarray(ranges, dtype=np.int64).ravel().tolist()]
     cur = session.connection().connection.dbapi_connection.cursor()
     try:
-        cur.execute(sql, args)
+        cur.execute(_select_sql(placeholder(session), len(ranges)), args)
         rows = cur.fetchall()
     finally:
         cur.close()
     if not rows:
         return empty()
     table = np.array(rows, dtype=np.float64)
-    return combine(Buckets(table[:, 0].astype(np.int64), table[:, 1].astype(np.int64), table[:, 2:]))
+    table = table[np.lexsort((table[:, 1], table[:, 0]))]
+    return Buckets(table[:, 0].astype(np.int64), table[:, 1].astype(np.int64), table[:, 2:])
+
+
+@functools.cache
+def _select_sql(p: str, levels: int) -> str:
+    ranges = " OR ".join([f"(level = {p} AND bucket BETWEEN {p} AND {p})"] * levels)
+    return (
+        f"SELECT level, bucket, {', '.join(ROLLUP_VALUE_COLUMNS)} FROM {_TABLE} "
+        f"WHERE experiment_id = {p} AND attempt = {p} AND ({ranges})"
+    )
 
 
 def _write(session: Session, *, experiment_id: int, attempt: int, buckets: Buckets) -> None:
-    """Insert or replace ``buckets`` (one executemany on the session's connection)."""
+    """Merge ``buckets`` (of steps not rolled up yet) into the stored ones, in the database:
+    one ``executemany`` of ``INSERT ... ON CONFLICT DO UPDATE`` whose update merges as
+    :func:`ckptlab.db.buckets.combine` does (:func:`_merge_sql`), so no stored bucket is
+    read back into Python."""
     if not len(buckets):
         return
-    missing = np.isnan(buckets.data)
-    cols: list[list[Any]] = []
-    for j in range(_NCOL):
-        column = buckets.data[:, j]
-        if INTEGER_COLUMNS[j]:
-            values = np.where(missing[:, j], 0, column).astype(np.int64).tolist()
-        else:
-            values = column.tolist()
-        for i in np.flatnonzero(missing[:, j]).tolist():
-            values[i] = None
-        cols.append(values)
-    n = len(buckets)
-    rows = list(
-        zip(
-            itertools.repeat(experiment_id, n),
-            itertools.repeat(attempt, n),
-            buckets.level.tolist(),
-            buckets.bucket.tolist(),
-            *cols,
-            strict=False,
-        )
-    )
-    p = placeholder(session)
-    update = ", ".join(f"{c} = excluded.{c}" for c in ROLLUP_VALUE_COLUMNS)
-    sql = (
-        f"INSERT INTO {_TABLE} ({_columns_sql()}) VALUES ({', '.join([p] * (len(_KEY) + _NCOL))}) "
-        f"ON CONFLICT ({', '.join(_KEY)}) DO UPDATE SET {update}"
-    )
+    data = buckets.data
+    missing = np.isnan(data)
+    cells = data.astype(object)  # Python floats; then ints for counts and steps, None for NaN
+    cells[:, INTEGER_COLUMNS] = np.where(missing, 0, data)[:, INTEGER_COLUMNS].astype(np.int64).astype(object)
+    cells[missing] = None
+    key = (experiment_id, attempt)
+    rows = [
+        (*key, level, bucket, *values)
+        for level, bucket, values in zip(buckets.level.tolist(), buckets.bucket.tolist(), cells.tolist(), strict=True)
+    ]
     cur = session.connection().connection.dbapi_connection.cursor()
     try:
-        cur.executemany(sql, rows)
+        cur.executemany(_upsert_sql(placeholder(session)), rows)
     finally:
         cur.close()
 
 
+def _merge_sets() -> list[str]:
+    """The ``SET`` clauses that merge a stored bucket (``step_rollups.``) with a new one of
+    other steps (``excluded.``) as :func:`ckptlab.db.buckets.combine` does: counts add up,
+    the smaller min and the larger max win with their steps (the earlier step on a tie), and
+    first and last come with the earlier first step and the later last step. SQLite and
+    PostgreSQL evaluate every clause on the row as stored, so the order does not matter."""
+    t, x = _TABLE, "excluded"
+
+    def take(column: str, new_wins: str) -> str:
+        return f"{column} = CASE WHEN {new_wins} THEN {x}.{column} ELSE {t}.{column} END"
+
+    def add(column: str) -> str:
+        return f"{column} = {t}.{column} + {x}.{column}"
+
+    earlier, later = f"{x}.first_step < {t}.first_step", f"{x}.last_step > {t}.last_step"
+    sets = [add("n_steps"), take("first_step", earlier), take("last_step", later)]
+    for metric in SERIES_METRICS:
+        sets.append(add(f"{metric}_count"))
+        for stat, op in (("min", "<"), ("max", ">")):
+            v, at = f"{metric}_{stat}", f"{metric}_{stat}_step"
+            better = f"{t}.{v} IS NULL OR {x}.{v} {op} {t}.{v}"
+            sets += [take(v, better), take(at, f"{better} OR ({x}.{v} = {t}.{v} AND {x}.{at} < {t}.{at})")]
+        sets += [take(f"{metric}_first", earlier), take(f"{metric}_last", later)]
+    return sets
+
+
+@functools.cache
+def _upsert_sql(p: str) -> str:
+    return (
+        f"INSERT INTO {_TABLE} ({', '.join((*_KEY, *ROLLUP_VALUE_COLUMNS))}) "
+        f"VALUES ({', '.join([p] * (len(_KEY) + _NCOL))}) "
+        f"ON CONFLICT ({', '.join(_KEY)}) DO UPDATE SET {', '.join(_merge_sets())}"
+    )
+
+
 def merge_buckets(session: Session, *, experiment_id: int, attempt: int, buckets: Buckets) -> int:
     """Merge ``buckets`` (of steps not rolled up yet) into the attempt's stored rollup, in
-    the session's transaction (no commit); returns the rows written."""
-    merged = combine(read_buckets(session, experiment_id=experiment_id, attempt=attempt, like=buckets), buckets)
-    _write(session, experiment_id=experiment_id, attempt=attempt, buckets=merged)
-    return len(merged)
+    the session's transaction (no commit); returns the rows sent."""
+    _write(session, experiment_id=experiment_id, attempt=attempt, buckets=buckets)
+    return len(buckets)
 
 
 def add_rollup(
@@ -136,26 +164,25 @@ def add_rollup(
     *,
     experiment_id: int,
     attempt: int,
-    steps: Sequence[int],
-    values: Sequence[Sequence[float | None]],
+    steps: np.ndarray | Sequence[int],
+    values: np.ndarray | Sequence[Sequence[float | None]],
 ) -> int:
     """Roll up step rows just inserted in the session's transaction (no commit); they must
     be new to the attempt (:func:`ckptlab.db.store.add_steps` leaves out those already
-    stored).
+    stored). Their buckets at every level are merged into the stored ones by the database
+    (one ``executemany``).
 
     Args:
         steps: their step numbers.
         values: per row, the series metrics in :data:`ckptlab.domain.SERIES_METRICS` order
-            (ms, bytes, loss; None or non-finite for no value).
+            (ms, bytes, loss; NaN, None or another non-finite value for no value).
 
     Returns:
-        The rollup rows written.
+        The rollup rows sent.
     """
     if not len(steps):
         return 0
-    # A flat list converts about twice as fast as a list of rows.
-    flat = np.array(list(itertools.chain.from_iterable(values)), dtype=np.float64)
-    buckets = summarize(np.asarray(steps, dtype=np.int64), flat.reshape(len(steps), len(SERIES_METRICS)))
+    buckets = summarize(np.asarray(steps, dtype=np.int64), np.asarray(values, dtype=np.float64))
     return merge_buckets(session, experiment_id=experiment_id, attempt=attempt, buckets=buckets)
 
 
@@ -176,13 +203,13 @@ def read_metric(
     session: Session, *, experiment_id: int, attempt: int, metric: str, level: int, first: int, last: int
 ) -> np.ndarray:
     """The buckets ``first`` .. ``last`` of one level for one metric, by bucket: float64
-    ``(rows, 1 + len(ROLLUP_STATS))``, columns ``n_steps`` then the metric's stats in
-    :data:`ROLLUP_STATS` order (NaN for NULL)."""
+    ``(rows, 3 + len(ROLLUP_STATS))``, columns ``n_steps``, ``first_step``, ``last_step``
+    then the metric's stats in :data:`ROLLUP_STATS` order (NaN for NULL)."""
     if metric not in SERIES_METRICS:
         raise ValueError(f"unknown metric {metric!r}")
     c = StepRollup.__table__.c
     stmt = (
-        select(c.n_steps, *(c[f"{metric}_{s}"] for s in ROLLUP_STATS))
+        select(c.n_steps, c.first_step, c.last_step, *(c[f"{metric}_{s}"] for s in ROLLUP_STATS))
         .where(c.experiment_id == experiment_id, c.attempt == attempt, c.level == level)
         .where(c.bucket.between(first, last))
         .order_by(c.bucket)
@@ -192,7 +219,7 @@ def read_metric(
         rows = cur.fetchall()
     finally:
         cur.close()
-    return np.array(rows, dtype=np.float64).reshape(len(rows), 1 + len(ROLLUP_STATS))
+    return np.array(rows, dtype=np.float64).reshape(len(rows), 3 + len(ROLLUP_STATS))
 
 
 # ------------------------------------------------------------------ rebuild

@@ -4,15 +4,16 @@ Revision ID: 0007
 Revises: 0006
 Create Date: 2026-11-25 10:00:00.000000
 
-One row per (experiment, attempt, level, bucket of 2**level steps) with, for each series
-metric, the count of finite values, min and max with their steps, first and last with their
-steps (see ckptlab/db/rollups.py). The metrics and stats are spelled out (frozen history).
+One row per (experiment, attempt, level, bucket of 2**level steps) with the bucket's step
+rows (count, first and last step) and, for each series metric, the count of finite values,
+min and max with their steps, and the values at the first and last step (see
+ckptlab/db/rollups.py). The metrics and stats are spelled out (frozen history).
 
 The attempts that have steps are rolled up here, with ckptlab.db.rollups.rebuild_rollups
 (the code the step writer uses) when that code's table is this revision's
 (``ROLLUP_REVISION == "0007"``); a later migration that changes the table's columns names
 itself there and rebuilds, so an old database upgraded past it is filled once, by it. The
-fill reads every step once: about 10 s per million steps on a small machine.
+fill reads every step once: a few seconds per million steps on a 2-core VM.
 """
 import sqlalchemy as sa
 from alembic import op
@@ -33,7 +34,7 @@ _METRICS = (
     "reserved_bytes",
     "loss",
 )
-_STATS = ("count", "min", "min_step", "max", "max_step", "first", "first_step", "last", "last_step")
+_STATS = ("count", "min", "min_step", "max", "max_step", "first", "last")
 
 
 def _metric_columns() -> list[sa.Column]:

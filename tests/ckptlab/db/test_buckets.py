@@ -1,5 +1,5 @@
-"""Rollup buckets: every level's count, extremes with their steps, first and last match a
-plain per-bucket computation; summaries of parts combine into the summary of the whole; the
+"""Rollup buckets: every level's count, extremes with their steps, values at the first and
+last step match a plain per-bucket computation; summaries of parts combine into the summary of the whole; the
 level a request reads depends on its points, not on the run's length."""
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ M = len(SERIES_METRICS)
 
 def reference(steps: np.ndarray, values: np.ndarray, level: int) -> dict[int, list[float]]:
     """Per bucket of ``level``: n_steps, first and last step, then per metric the stats of
-    ROLLUP_STATS, by brute force (ties: the earliest step)."""
+    ROLLUP_STATS, by brute force (ties: the earliest step; first and last: the values at
+    the first and last step, NaN when not finite)."""
     out = {}
     for b in np.unique(steps >> level):
         inside = (steps >> level) == b
@@ -30,7 +31,9 @@ def reference(steps: np.ndarray, values: np.ndarray, level: int) -> dict[int, li
             if not len(vv):
                 row += [0] + [np.nan] * (len(ROLLUP_STATS) - 1)
                 continue
-            row += [len(vv), vv.min(), ss[np.argmin(vv)], vv.max(), ss[np.argmax(vv)], vv[0], ss[0], vv[-1], ss[-1]]
+            at_first = v[0, j] if np.isfinite(v[0, j]) else np.nan
+            at_last = v[-1, j] if np.isfinite(v[-1, j]) else np.nan
+            row += [len(vv), vv.min(), ss[np.argmin(vv)], vv.max(), ss[np.argmax(vv)], at_first, at_last]
         out[int(b)] = row
     return out
 

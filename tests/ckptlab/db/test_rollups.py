@@ -87,6 +87,37 @@ def test_a_retried_batch_is_rolled_up_once(any_session):
     assert_same(stored(any_session, exp.id), expected(records))
 
 
+def test_a_batch_whose_commit_was_not_acknowledged_is_rolled_up_once(any_database_url, monkeypatch):
+    from sqlalchemy.exc import OperationalError
+
+    from worker.writer import StepWriter
+
+    engine = make_engine(any_database_url)
+    Session = make_sessionmaker(engine)
+    with Session() as s:
+        exp = store.create_experiment(s, spec=make_spec(), status="running", worker_id="t:1").id
+    real = store.add_steps
+    lost = {"left": 1}
+
+    def commit_then_lose_the_answer(session, **kwargs):
+        done = real(session, **kwargs)
+        if lost["left"]:
+            lost["left"] -= 1
+            raise OperationalError("COMMIT", {}, Exception("server closed the connection unexpectedly"))
+        return done
+
+    monkeypatch.setattr("worker.writer.add_steps", commit_then_lose_the_answer)
+    records = [record(s) for s in range(1, 2001)]
+    with StepWriter(Session, experiment_id=exp, attempt=1, flush_interval_s=0.01, batch_rows=300) as writer:
+        for rec in records:
+            writer.put(rec)
+    with Session() as s:
+        assert s.scalar(select(func.count()).select_from(Step)) == 2000
+        assert_same(stored(s, exp), expected(records))
+    assert lost["left"] == 0
+    engine.dispose()
+
+
 def test_rebuild_rolls_up_steps_stored_by_plain_sql(any_session):
     exp = store.create_experiment(any_session, spec=make_spec(), status="running", worker_id="t:1")
     records = [record(s) for s in range(1, N + 1)]
@@ -103,6 +134,18 @@ def test_rebuild_rolls_up_steps_stored_by_plain_sql(any_session):
     assert done == [(exp.id, 1, N)]
     assert_same(stored(any_session, exp.id), expected(records))
     assert len(stored(any_session, other.id)) == 0, "a rollup without steps is dropped"
+
+
+def test_a_bulk_load_without_the_rollup_is_rolled_up_once_at_the_end(any_session):
+    exp = store.create_experiment(any_session, spec=make_spec(), status="running", worker_id="t:1")
+    records = [record(s) for s in range(1, N + 1)]
+    for start in range(0, N, 1000):
+        batch = records[start : start + 1000]
+        assert store.add_steps(any_session, experiment_id=exp.id, attempt=1, records=batch, rollup=False) == 1000
+    assert any_session.scalar(select(func.count()).select_from(Step)) == N
+    assert rollups.coverage(any_session, experiment_id=exp.id, attempt=1) is None
+    rollups.rebuild_rollups(any_session, experiment_id=exp.id)
+    assert_same(stored(any_session, exp.id), expected(records))
 
 
 def test_a_rollup_goes_with_its_experiment(any_session):
