@@ -8,7 +8,7 @@ Starts ``ckptlab serve`` in its own process on a fresh SQLite database, then mea
    step event - time the step's commit returned (both ``time.monotonic``, one process).
 2. Series latency: ``GET /api/experiments/{id}/series?metric=...&max_points=2000`` timed
    end to end over HTTP for runs of ``--series-steps`` steps (default 1,000,000): the first
-   request of each metric for a run the server never saw running (its column is read whole),
+   request of each metric for a run the server never saw running (read from its rollup),
    repeated requests, the first requests for a run the server saw running (its series
    warmer kept it in memory), and a request after 1,000 more steps were stored.
 
@@ -39,10 +39,11 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from ckptlab.db import queue, store
+from ckptlab.db import queue, rollups, store
+from ckptlab.db.buckets import summarize
 from ckptlab.db.database import make_engine, make_sessionmaker, migrate
 from ckptlab.db.models import Step
-from ckptlab.domain import Status
+from ckptlab.domain import SERIES_METRICS, Status
 from ckptlab.spec import ExperimentSpec
 
 METRICS = ("step_ms", "peak_allocated_bytes", "loss")
@@ -138,8 +139,9 @@ def bench_stream(base: str, Session, *, n_steps: int, interval: float) -> dict:
 
 
 def _insert_run(Session, n_steps: int, rng: random.Random, *, finished: bool) -> int:
-    """Store a run of ``n_steps`` steps (50,000 per commit); finished first when asked, so
-    that the server never sees it running."""
+    """Store a run of ``n_steps`` steps (50,000 per commit, each with its rollup as
+    :func:`ckptlab.db.store.add_steps` writes it); finished first when asked, so that the
+    server never sees it running."""
     with Session() as s:
         exp = store.create_experiment(s, spec=ExperimentSpec(device="cpu"), status=Status.RUNNING, worker_id="bench:1")
         if finished:
@@ -151,6 +153,9 @@ def _insert_run(Session, n_steps: int, rng: random.Random, *, finished: bool) ->
             chunk.append(row)
             if len(chunk) == 50_000 or step == n_steps:
                 s.execute(Step.__table__.insert(), chunk)
+                steps = np.array([r["step"] for r in chunk])
+                values = np.array([[r[m] for m in SERIES_METRICS] for r in chunk], dtype=np.float64)
+                rollups.merge_buckets(s, experiment_id=exp.id, attempt=1, buckets=summarize(steps, values))
                 s.commit()
                 chunk = []
         return exp.id
@@ -158,7 +163,7 @@ def _insert_run(Session, n_steps: int, rng: random.Random, *, finished: bool) ->
 
 def bench_series(base: str, Session, *, n_steps: int, repeats: int = 20, live: bool = True) -> dict:
     """Time series requests (ms) over runs of ``n_steps`` steps: one the server never saw
-    running (cold: its column is read whole), repeats, and with ``live`` (default True) one
+    running (cold: read from its rollup), repeats, and with ``live`` (default True) one
     it saw running (kept warm) and a request after 1,000 more steps."""
     rng = random.Random(1)
     out: dict = {"steps": n_steps}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-__all__ = ["Status", "MemoryCategory", "FINISHED_STATUSES", "ACTIVE_STATUSES", "STEP_FIELDS"]
+__all__ = ["Status", "MemoryCategory", "FINISHED_STATUSES", "ACTIVE_STATUSES", "STEP_FIELDS", "SERIES_METRICS"]
 
 
 class Status(StrEnum):
@@ -63,6 +63,10 @@ STEP_FIELDS: tuple[str, ...] = (
     "peak_allocated_bytes",
     "reserved_bytes",
 )
+
+#: Per-step columns a series can be drawn from and the rollup summarises: the
+#: :data:`STEP_FIELDS` (times in ms, memory in bytes) and the loss (unitless).
+SERIES_METRICS: tuple[str, ...] = (*STEP_FIELDS, "loss")
 
 
 class MemoryCategory(StrEnum):

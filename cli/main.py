@@ -1,5 +1,6 @@
 """The ``ckptlab`` command: the worker's commands (``worker``, ``run``), the backend's
-(``serve``) and ``up``, which migrates the database once and starts both processes.
+(``serve``), the database's (``db rebuild-rollups``) and ``up``, which migrates the
+database once and starts both processes.
 
 Exit codes: 0 success, 1 the experiment failed, 2 bad input (one line on stderr).
 """
@@ -17,6 +18,7 @@ from rich.console import Console
 
 from backend.cli import app as backend_app
 from backend.cli import serve_forever, settings_with
+from ckptlab.cli import app as ckptlab_app
 from ckptlab.db.database import Database
 from worker.cli import app as worker_app
 
@@ -30,6 +32,7 @@ app = typer.Typer(
 )
 app.add_typer(worker_app)
 app.add_typer(backend_app)
+app.add_typer(ckptlab_app)
 console = Console()
 
 

@@ -322,7 +322,8 @@ export function sweepFigure(name, fig) {
 export const SERIES_METRICS = ['peak_allocated_bytes', 'allocated_bytes', 'reserved_bytes', 'forward_ms', 'backward_ms', 'optimizer_ms', 'step_ms'];
 
 /**
- * Memory and time figures of a long run from downsampled series ({metric: {x, y, total}}):
+ * Memory and time figures of a long run from downsampled series ({metric: {x, y, total}},
+ * of the whole run or of a zoomed step range):
  * lines (each series keeps its own spikes, so they cannot be stacked), WebGL above
  * GL_THRESHOLD points.
  */
@@ -341,9 +342,12 @@ export function seriesFigures(spec, series) {
       hovertemplate: bytes ? `%{customdata}<extra>${name}</extra>` : `%{y:.2f} ms<extra>${name}</extra>`,
     };
   };
+  const n = (v) => v.toLocaleString('en-US');
   const note = (metric) => {
     const s = series[metric];
-    return s && s.downsampled ? `${s.x.length.toLocaleString('en-US')} of ${s.total.toLocaleString('en-US')} steps shown (MinMaxLTTB: spikes kept)` : '';
+    if (!s) return '';
+    if (s.downsampled) return `${n(s.x.length)} of ${n(s.total)} steps shown (MinMaxLTTB: spikes kept)`;
+    return s.step_min != null && s.x.length ? `every step of ${n(s.x[0])}–${n(s.x[s.x.length - 1])} shown` : '';
   };
   const axis = (title) => ({ ...baseLayout().yaxis, title: { text: title } });
   const xaxis = { ...baseLayout().xaxis, ...stepAxis(spec, [], last) };

@@ -16,8 +16,9 @@ const EXTRA_MAX_STEPS = 2000;
 /** A finished run with more steps is drawn from the downsampled series, not every step. */
 const SERIES_ABOVE_STEPS = 5000;
 const SERIES_POINTS = 2000;
+const CHARTS = ['chart-memory', 'chart-time'];
 
-let cur = null; // {id, token, exp, attempt, steps: Map, stream, poll, finished}
+let cur = null; // {id, token, exp, attempt, steps: Map, series, zoom, stream, poll, finished}
 let token = 0;
 
 function live() {
@@ -45,10 +46,13 @@ async function drawCharts() {
   let time;
   $('chart-memory-title').textContent = c.series ? 'Memory per step' : "Memory at each step's peak, by category";
   $('chart-memory-caption').textContent = c.series
-    ? 'Peak allocated and allocated at the end of the forward pass. A long run: each line is downsampled on the server, spikes kept; the breakdown by category is in the summary.'
+    ? 'Peak allocated and allocated at the end of the forward pass. A long run: each line is downsampled on the server, spikes kept; drag across a range to read it again at full resolution, double-click for the whole run. The breakdown by category is in the summary.'
     : "Stacked: what was live when the step reached its peak. The line is the peak allocated. Shaded: warm-up steps, left out of the medians.";
   if (c.series) {
-    ({ memory: mem, time } = seriesFigures(c.exp.spec, c.series));
+    ({ memory: mem, time } = seriesFigures(c.exp.spec, c.zoom ? c.zoom.series : c.series));
+    if (c.zoom) {
+      for (const fig of [mem, time]) fig.layout.xaxis = { ...fig.layout.xaxis, range: c.zoom.range, autorange: false };
+    }
   } else {
     const steps = sortedSteps();
     mem = memoryFigure(c.exp.spec, steps, c.finished);
@@ -58,6 +62,64 @@ async function drawCharts() {
     Plotly.react('chart-memory', mem.data, mem.layout, PLOT_CONFIG),
     Plotly.react('chart-time', time.data, time.layout, PLOT_CONFIG),
   ]);
+  if (c.series && c === cur) watchZoom(c);
+}
+
+// ------------------------------------------------------------------ zoom (long runs)
+
+/** Zooming either chart of a long run reads that step range again from the server (every
+ * step of it when it holds at most SERIES_POINTS steps) and draws both charts over it;
+ * a double-click (autorange) goes back to the whole run. */
+function watchZoom(c) {
+  for (const id of CHARTS) {
+    const gd = $(id);
+    if (gd.ckptlabZoom === c) continue;
+    if (gd.removeAllListeners) gd.removeAllListeners('plotly_relayout');
+    gd.on('plotly_relayout', (ev) => zoomTo(c, ev));
+    gd.ckptlabZoom = c;
+  }
+}
+
+/** The x range a relayout event sets ([from, to]), 'whole' for an autorange, else null
+ * (a resize, a y-only zoom). */
+function zoomRange(ev) {
+  if (ev['xaxis.autorange']) return 'whole';
+  const r = ev['xaxis.range'] || (ev['xaxis.range[0]'] !== undefined ? [ev['xaxis.range[0]'], ev['xaxis.range[1]']] : null);
+  if (!r) return null;
+  const [a, b] = r.map(Number);
+  return Number.isFinite(a) && Number.isFinite(b) ? [Math.min(a, b), Math.max(a, b)] : null;
+}
+
+/** [first, last] step of a long run's series. */
+function seriesSpan(series) {
+  const xs = Object.values(series).map((s) => s.x).filter((x) => x.length);
+  return [Math.min(...xs.map((x) => x[0])), Math.max(...xs.map((x) => x[x.length - 1]))];
+}
+
+async function zoomTo(c, ev) {
+  const range = zoomRange(ev);
+  if (c !== cur || !c.series || range === null) return;
+  c.zoomSeq = (c.zoomSeq || 0) + 1;
+  const seq = c.zoomSeq;
+  const [first, last] = seriesSpan(c.series);
+  // A double-click resets to the initial range: the whole run, already drawn.
+  if (range === 'whole' || (range[0] <= first && range[1] >= last)) {
+    c.zoom = null;
+    await drawCharts();
+    return;
+  }
+  const lo = Math.max(0, Math.ceil(range[0]));
+  const hi = Math.floor(range[1]);
+  if (hi < lo) return;
+  const q = `max_points=${SERIES_POINTS}&step_min=${lo}&step_max=${hi}`;
+  const answers = await Promise.all(SERIES_METRICS.map((m) => api(`/api/experiments/${c.id}/series?metric=${m}&${q}`)));
+  if (c !== cur || seq !== c.zoomSeq) return; // a later zoom or another page won
+  const series = {};
+  SERIES_METRICS.forEach((m, i) => {
+    if (answers[i].ok && answers[i].body) series[m] = answers[i].body;
+  });
+  c.zoom = { range, series };
+  await drawCharts();
 }
 
 function mergeSteps(rows, { replace = false } = {}) {
@@ -295,7 +357,7 @@ function reset(id) {
 export async function showExperiment(id) {
   hideExperiment();
   token += 1;
-  cur = { id, token, exp: null, attempt: 0, steps: new Map(), series: null, stream: null, poll: null, finished: false };
+  cur = { id, token, exp: null, attempt: 0, steps: new Map(), series: null, zoom: null, stream: null, poll: null, finished: false };
   const c = cur;
   reset(id);
   loadPlotly().catch(() => {});

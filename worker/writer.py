@@ -3,12 +3,14 @@
 :class:`StepWriter` buffers step records in memory and a background thread inserts them in
 batches (every ``flush_interval_s`` or as soon as ``batch_rows`` are waiting), so
 ``put`` never waits for the database. A locked or unreachable database is retried with
-back-off (tenacity) and the records stay buffered meanwhile: none is dropped. Inserts skip
-rows already stored, so a batch whose commit outcome was unknown can be sent again.
+back-off (tenacity) and the records stay buffered meanwhile: none is dropped. After a try
+whose commit outcome is unknown, inserts skip rows already stored, so the batch can be sent
+again; otherwise they are plain inserts (no look-up of stored steps for the rollup).
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -69,6 +71,7 @@ class StepWriter:
         self._wake = threading.Event()
         self._closing = threading.Event()
         self._deadline = float("inf")
+        self._unsure = False  # a write failed and may have committed: skip stored steps next time
         self._thread = threading.Thread(target=self._run, name=f"ckptlab-steps-{experiment_id}", daemon=True)
 
     def start(self) -> StepWriter:
@@ -137,21 +140,24 @@ class StepWriter:
             if not chunk:
                 return True
             deadline_s = min(self.retry_s, max(0.0, self._deadline - time.monotonic()))
-            try:
-                with_retry(
-                    self._Session,
-                    lambda s, chunk=chunk: add_steps(
-                        s,
-                        experiment_id=self.experiment_id,
-                        attempt=self.attempt,
-                        records=chunk,
-                        skip_existing=True,
-                    ),
-                    deadline_s=deadline_s,
+            tries = itertools.count()
+
+            def write(s: Session, chunk: list = chunk, tries: itertools.count = tries) -> int:
+                # Only a try after one whose outcome is unknown can meet steps already
+                # stored: it skips them (a look-up per batch); a first try after writes that
+                # all committed is a plain insert.
+                unsure = self._unsure or next(tries) > 0
+                return add_steps(
+                    s, experiment_id=self.experiment_id, attempt=self.attempt, records=chunk, skip_existing=unsure
                 )
+
+            try:
+                with_retry(self._Session, write, deadline_s=deadline_s)
             except Exception:  # noqa: BLE001 - keep the records and try again later
+                self._unsure = True
                 log.warning("writing %d step(s) failed; keeping them buffered", len(chunk), exc_info=True)
                 return False
+            self._unsure = False  # this chunk holds every record tried before: all stored now
             with self._lock:
                 del self._pending[: len(chunk)]
             self.written += len(chunk)

@@ -29,7 +29,7 @@ from backend.schemas import (
     Status,
     StepsPublic,
 )
-from backend.services import comparison, exports, queries, series, streams
+from backend.services import comparison, exports, queries, series, series_view, streams
 from backend.services.responses import CSV_RESPONSE, SSE_RESPONSE, WRITE_RESPONSES
 from ckptlab.db import events, queue, store
 from ckptlab.db.models import Experiment
@@ -39,6 +39,8 @@ from ckptlab.spec import MODEL_KINDS, ExperimentSpec, StrategyName
 #: Largest attempt number: ``steps.attempt`` and ``experiments.attempt`` are 32-bit columns
 #: (a worker would need 2**31 claims to reach it); beyond it, the same 422 on both databases.
 MAX_ATTEMPT = 2**31 - 1
+#: Largest step number (``steps.step`` is a 32-bit column).
+MAX_STEP = 2**31 - 1
 
 router = APIRouter(prefix="/experiments", tags=["experiments"])
 
@@ -240,23 +242,55 @@ def get_series(
             le=MAX_SERIES_POINTS,
             description="most points to return; capped at the server's series_max_points (default 20000)",
         ),
-    ] = 2000,
+    ] = series.DEFAULT_MAX_POINTS,
+    step_min: Annotated[
+        int | None, Query(ge=0, le=MAX_STEP, description="first step of the range (default: the first stored)")
+    ] = None,
+    step_max: Annotated[
+        int | None, Query(ge=0, le=MAX_STEP, description="last step of the range (default: the last stored)")
+    ] = None,
 ) -> SeriesPublic:
-    """At most ``max_points`` points of ``metric`` over the current attempt, picked by
-    MinMaxLTTB so that spikes survive; the global minimum and maximum are always among them.
-    Steps without a finite value (a non-finite loss, reserved bytes on CPU) are skipped.
-    ``max_points`` above the server's ``series_max_points`` is capped to it."""
+    """At most ``max_points`` points of ``metric`` over the current attempt's steps
+    ``step_min`` .. ``step_max`` (inclusive), picked by MinMaxLTTB so that spikes survive;
+    the range's minimum and maximum are always among them, exact, with their steps. A long
+    range is drawn from the run's rollup (``resolution`` > 1: steps per bucket), a short one
+    from every step in it (``resolution`` 1: a zoomed range of up to ``max_points`` steps
+    comes back whole). Steps without a finite value (a non-finite loss, reserved bytes on
+    CPU) are skipped. ``max_points`` above the server's ``series_max_points`` is capped to
+    it; ``step_min`` above ``step_max`` is a 422 naming ``step_max``."""
+    if step_min is not None and step_max is not None and step_min > step_max:
+        raise RequestValidationError(
+            [
+                {
+                    "type": "value_error",
+                    "loc": ["query", "step_max"],
+                    "msg": f"step_max ({step_max}) must not be below step_min ({step_min})",
+                    "input": step_max,
+                }
+            ]
+        )
     max_points = min(max_points, settings.series_max_points)
     exp = _get_or_404(session, experiment_id)
-    points = cache.get(session, experiment_id=exp.id, attempt=exp.attempt, metric=metric)
-    view = series.downsample_series(points, max_points=max_points)
+    view = series_view.read_view(
+        session,
+        cache,
+        experiment_id=exp.id,
+        attempt=exp.attempt,
+        metric=metric,
+        max_points=max_points,
+        step_min=step_min,
+        step_max=step_max,
+    )
     return SeriesPublic(
         experiment_id=exp.id,
         attempt=exp.attempt,
         metric=metric,
+        step_min=step_min,
+        step_max=step_max,
         total=view.total,
         skipped=view.skipped,
         downsampled=len(view.x) < view.total,
+        resolution=view.resolution,
         x=view.x,
         y=view.y,
         min=SeriesPoint(step=view.min[0], value=view.min[1]) if view.min else None,

@@ -208,17 +208,21 @@ class SeriesPoint(BaseModel):
 
 
 class SeriesPublic(BaseModel):
-    """A per-step metric, downsampled to at most ``max_points`` points (MinMaxLTTB: spikes
-    survive; the global minimum and maximum are always included)."""
+    """A per-step metric over a step range (default: every stored step), downsampled to at
+    most ``max_points`` points (MinMaxLTTB: spikes survive; the range's minimum and maximum
+    are always included, exact)."""
 
     model_config = examples(
         {
             "experiment_id": 1,
             "attempt": 1,
             "metric": "step_ms",
+            "step_min": None,
+            "step_max": None,
             "total": 5,
             "skipped": 0,
             "downsampled": False,
+            "resolution": 1,
             "x": [1, 2, 3, 4, 5],
             "y": [12.1, 10.4, 10.5, 10.3, 10.6],
             "min": {"step": 4, "value": 10.3},
@@ -229,13 +233,20 @@ class SeriesPublic(BaseModel):
     experiment_id: int
     attempt: int
     metric: Metric
-    total: int = Field(description="steps with a finite value in the full series")
-    skipped: int = Field(description="steps left out because their value is null or not finite")
-    downsampled: bool = Field(description="whether x/y hold fewer points than the full series")
+    step_min: int | None = Field(None, description="first step of the range asked for (null: the first stored)")
+    step_max: int | None = Field(None, description="last step of the range asked for (null: the last stored)")
+    total: int = Field(description="steps of the range with a finite value")
+    skipped: int = Field(description="steps of the range left out because their value is null or not finite")
+    downsampled: bool = Field(description="whether x/y hold fewer points than the range has steps with a value")
+    resolution: int = Field(
+        1,
+        description="steps per bucket the points were picked from: 1 when every step of the range was read, "
+        "else the bucket size of the rollup level (256, 1024, ...) it was drawn from",
+    )
     x: list[int] = Field(description="step numbers, ascending")
     y: list[float] = Field(description="the metric at each step (ms or bytes; loss unitless)")
-    min: SeriesPoint | None = Field(description="global minimum of the full series (null when empty)")
-    max: SeriesPoint | None = Field(description="global maximum of the full series (null when empty)")
+    min: SeriesPoint | None = Field(description="minimum of the range, exact, with its step (null when empty)")
+    max: SeriesPoint | None = Field(description="maximum of the range, exact, with its step (null when empty)")
 
 
 class EventPublic(BaseModel):

@@ -16,14 +16,17 @@ from sqlalchemy import Select, func, literal, select
 from sqlalchemy.orm import Session
 from tsdownsample import MinMaxLTTBDownsampler
 
+from ckptlab.db.buckets import level_for
+from ckptlab.db.database import raw_cursor
 from ckptlab.db.models import Experiment, Step
-from ckptlab.domain import STEP_FIELDS, Status
+from ckptlab.domain import SERIES_METRICS, Status
 from ckptlab.side_tasks import SideTask
 
 log = logging.getLogger("ckptlab.api")
 
 __all__ = [
     "SERIES_METRICS",
+    "DEFAULT_MAX_POINTS",
     "Series",
     "SeriesCache",
     "warm_running_series",
@@ -32,38 +35,25 @@ __all__ = [
     "SeriesView",
     "downsample_series",
     "count_finite",
+    "value_of",
 ]
-
-#: Per-step columns a series can be drawn from (times in ms, memory in bytes).
-SERIES_METRICS = (*STEP_FIELDS, "loss")
-
-
-def _raw_cursor(session: Session, stmt: Select) -> Any:
-    """Execute ``stmt`` on the session's DBAPI connection and return the raw cursor.
-
-    Skips SQLAlchemy's per-row result processing, which would double the time to read a
-    million rows.
-    """
-    conn = session.connection()
-    compiled = stmt.compile(dialect=conn.dialect)
-    params = compiled.construct_params()
-    args: Any = tuple(params[k] for k in compiled.positiontup) if compiled.positional else params
-    cur = conn.connection.dbapi_connection.cursor()
-    cur.execute(str(compiled), args)
-    return cur
 
 
 def _column_array(session: Session, stmt: Select, dtype: Any) -> np.ndarray:
-    cur = _raw_cursor(session, stmt)
+    cur = raw_cursor(session, stmt)
     try:
         return np.fromiter(itertools.chain.from_iterable(cur), dtype=dtype)
     finally:
         cur.close()
 
 
-def _value(metric: str) -> Any:
-    # NULL (loss of a non-finite step, reserved bytes on CPU) reads as +inf: not finite,
-    # so it is left out of the series like any non-finite value.
+#: Points a series request returns unless it asks for another number (the page's charts).
+DEFAULT_MAX_POINTS = 2000
+
+
+def value_of(metric: str) -> Any:
+    """The column of ``metric`` for a raw read: NULL (loss of a non-finite step, reserved
+    bytes on CPU) reads as +inf, not finite, so it is left out like any non-finite value."""
     return func.coalesce(getattr(Step, metric), literal(float("inf")))
 
 
@@ -95,7 +85,7 @@ def _read_full(session: Session, experiment_id: int, attempt: int, metric: str) 
     lo = session.scalar(select(func.min(Step.step)).where(*where))
     hi = session.scalar(select(func.max(Step.step)).where(*where))
     bounded = (*where, Step.id <= last_id)
-    values = _column_array(session, select(_value(metric)).where(*bounded).order_by(Step.step), np.float64)
+    values = _column_array(session, select(value_of(metric)).where(*bounded).order_by(Step.step), np.float64)
     if hi - lo + 1 == len(values):  # steps lo..hi, none missing: no need to read them
         steps = np.arange(lo, hi + 1, dtype=np.int64)
     else:
@@ -105,7 +95,7 @@ def _read_full(session: Session, experiment_id: int, attempt: int, metric: str) 
 
 def _read_after(session: Session, experiment_id: int, attempt: int, metric: str, after_id: int) -> Series | None:
     stmt = (
-        select(Step.id, Step.step, _value(metric))
+        select(Step.id, Step.step, value_of(metric))
         .where(Step.experiment_id == experiment_id, Step.attempt == attempt, Step.id > after_id)
         .order_by(Step.id)
     )
@@ -182,28 +172,43 @@ class SeriesCache:
                 self._key_locks.pop(dropped_key, None)
 
 
-def warm_running_series(session: Session, cache: SeriesCache, *, metrics: Sequence[str] = SERIES_METRICS) -> int:
-    """Bring the cached series of every running experiment up to date.
+def warm_running_series(
+    session: Session,
+    cache: SeriesCache,
+    *,
+    metrics: Sequence[str] = SERIES_METRICS,
+    max_points: int = DEFAULT_MAX_POINTS,
+) -> int:
+    """Bring the cached series of every running experiment that a request of
+    ``max_points`` points reads whole up to date.
 
     Called every few seconds, this keeps a live run's series in memory at the cost of
-    reading only its new steps, so that even a million-step run is drawn without reading
-    its whole column when someone opens it.
+    reading only its new steps. A run long enough to be drawn from its rollup
+    (:func:`ckptlab.db.rollups.level_for`) is left out: its requests never read the whole
+    column, and keeping ten million steps per metric warm would only churn the cache.
 
     Args:
         cache: the cache to fill.
         metrics: the metrics to keep warm (default: every series metric).
+        max_points: the request to keep warm for (default: the API's default, 2000).
 
     Returns:
-        How many running experiments were visited.
+        How many running experiments were kept warm.
     """
     running = session.execute(
         select(Experiment.id, Experiment.attempt).where(Experiment.status == Status.RUNNING)
     ).all()
+    warmed = 0
     for experiment_id, attempt in running:
-        for metric in metrics:
-            cache.get(session, experiment_id=experiment_id, attempt=attempt, metric=metric)
+        where = (Step.experiment_id == experiment_id, Step.attempt == attempt)
+        lo = session.scalar(select(func.min(Step.step)).where(*where))
+        hi = session.scalar(select(func.max(Step.step)).where(*where))
+        if lo is None or level_for(hi - lo + 1, max_points) is None:
+            for metric in metrics:
+                cache.get(session, experiment_id=experiment_id, attempt=attempt, metric=metric)
+            warmed += 1
         session.rollback()  # end the read transaction between experiments
-    return len(running)
+    return warmed
 
 
 def series_warmer_task(sessions: Callable[[], Session], cache: SeriesCache, *, interval_s: float) -> SideTask:
@@ -276,6 +281,8 @@ class SeriesView:
         skipped: steps without one (null or not finite).
         min: ``(step, value)`` of the global minimum, or None for an empty series.
         max: ``(step, value)`` of the global maximum, or None.
+        resolution: steps per bucket the points were picked from: 1 when every step was
+            read, ``2**level`` when drawn from a rollup level.
     """
 
     x: list[int]
@@ -284,6 +291,7 @@ class SeriesView:
     skipped: int
     min: tuple[int, float] | None
     max: tuple[int, float] | None
+    resolution: int = 1
 
 
 def downsample_series(series: Series, *, max_points: int) -> SeriesView:

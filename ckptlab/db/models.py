@@ -11,6 +11,9 @@ Ids are 64-bit on both databases (:data:`Id`).
   ``procrastinate_events``): when, to which status, in which attempt, on which worker, why.
 - ``steps``: per-step timings in ms and memory in bytes. Non-finite losses are stored
   explicitly: ``loss`` is NULL and ``loss_nonfinite`` says ``nan``, ``inf`` or ``-inf``.
+- ``step_rollups``: a multi-resolution summary of each attempt's steps (per level ``k``,
+  per bucket of ``2**k`` steps, per series metric: count, min and max with their steps,
+  first and last), written with the steps; see :mod:`ckptlab.db.rollups`.
 """
 
 from __future__ import annotations
@@ -23,21 +26,35 @@ from sqlalchemy import (
     BigInteger,
     Boolean,
     CheckConstraint,
+    Column,
     DateTime,
     Float,
     ForeignKey,
     Index,
     Integer,
     String,
+    Table,
     Text,
     UniqueConstraint,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.types import TypeDecorator
 
-from ckptlab.domain import Status
+from ckptlab.domain import SERIES_METRICS, Status
 
-__all__ = ["Base", "Experiment", "ExperimentEvent", "Step", "Sweep", "Worker", "utcnow"]
+__all__ = [
+    "Base",
+    "Experiment",
+    "ExperimentEvent",
+    "Step",
+    "StepRollup",
+    "Sweep",
+    "Worker",
+    "ROLLUP_STATS",
+    "ROLLUP_STEP_STATS",
+    "ROLLUP_VALUE_COLUMNS",
+    "utcnow",
+]
 
 
 #: Primary and foreign keys: 64-bit (``BIGINT``) on PostgreSQL, as the API promises
@@ -188,3 +205,48 @@ class Step(Base):
     extra: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
     experiment: Mapped[Experiment] = relationship(back_populates="steps")
+
+
+#: What a rollup bucket keeps of each metric, in column order: how many of its steps have a
+#: finite value, the smallest and largest value with their steps (the earliest on a tie),
+#: and the value at the bucket's first and last step (``first_step``, ``last_step``; NULL
+#: when that step has none). Values in the metric's unit: ms, bytes, or unitless loss.
+ROLLUP_STATS: tuple[str, ...] = ("count", "min", "min_step", "max", "max_step", "first", "last")
+#: The stats that are counts or step numbers (integer columns); the others are values.
+ROLLUP_STEP_STATS = frozenset({"count", "min_step", "max_step"})
+#: The columns after the key, in order: the bucket's step rows (``n_steps``, its first and
+#: last step), then ``<metric>_<stat>`` for every series metric and stat.
+ROLLUP_VALUE_COLUMNS: tuple[str, ...] = (
+    "n_steps",
+    "first_step",
+    "last_step",
+    *(f"{metric}_{stat}" for metric in SERIES_METRICS for stat in ROLLUP_STATS),
+)
+
+
+def _rollup_column(name: str) -> Column:
+    if name in ("n_steps", "first_step", "last_step"):
+        return Column(name, Integer, nullable=False)
+    if name.endswith("_count"):
+        return Column(name, Integer, nullable=False)
+    integer = any(name.endswith(f"_{stat}") for stat in ROLLUP_STEP_STATS)
+    return Column(name, Integer if integer else Float)
+
+
+class StepRollup(Base):
+    """One bucket of an attempt's rollup: steps ``bucket * 2**level`` to
+    ``(bucket + 1) * 2**level - 1``, summarised per series metric
+    (:data:`ROLLUP_VALUE_COLUMNS`). A metric without a finite value in the bucket has count
+    0 and NULL stats; its first or last is NULL when the bucket's first or last step has
+    no value. Written in the same transaction as the steps it summarises
+    (:func:`ckptlab.db.store.add_steps`); ``ckptlab db rebuild-rollups`` recomputes it."""
+
+    __table__ = Table(
+        "step_rollups",
+        Base.metadata,
+        Column("experiment_id", Id, ForeignKey("experiments.id", ondelete="CASCADE"), primary_key=True),
+        Column("attempt", Integer, primary_key=True),
+        Column("level", Integer, primary_key=True),
+        Column("bucket", Integer, primary_key=True),
+        *(_rollup_column(name) for name in ROLLUP_VALUE_COLUMNS),
+    )

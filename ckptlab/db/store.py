@@ -12,15 +12,17 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from sqlalchemy import func, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, selectinload
 
-from ckptlab.db.database import is_postgresql
+from ckptlab.db.database import is_postgresql, placeholder
 from ckptlab.db.events import record_events
 from ckptlab.db.models import Experiment, Step, Sweep, utcnow
 from ckptlab.db.queue import WORKER_LOST
-from ckptlab.domain import STEP_FIELDS, Status
+from ckptlab.db.rollups import add_rollup
+from ckptlab.domain import SERIES_METRICS, STEP_FIELDS, Status
 from ckptlab.spec import ExperimentSpec
 from ckptlab.sweeps import SweepPlan
 
@@ -63,22 +65,35 @@ def create_experiment(
     return exp
 
 
-def _step_row(experiment_id: int, attempt: int, rec: Mapping[str, Any]) -> dict[str, Any]:
-    loss = rec.get("loss")
-    nonfinite = None
-    if loss is not None and not math.isfinite(loss):
-        nonfinite = "nan" if math.isnan(loss) else ("inf" if loss > 0 else "-inf")
-        loss = None
-    row = {k: rec.get(k) for k in STEP_FIELDS}
-    row.update(
-        experiment_id=experiment_id,
-        attempt=attempt,
-        step=rec["step"],
-        loss=loss,
-        loss_nonfinite=nonfinite,
-        extra=rec.get("extra"),
-    )
-    return row
+def _step_rows(
+    experiment_id: int, attempt: int, records: Iterable[Mapping[str, Any]], *, values: bool
+) -> tuple[list[dict], list]:
+    """The ``steps`` rows of the records and, with ``values``, flat, each record's step and
+    series values in :data:`ckptlab.domain.SERIES_METRICS` order (None for no value): what
+    the rollup reads, gathered in the same pass."""
+    rows: list[dict[str, Any]] = []
+    flat: list[Any] = []
+    for rec in records:
+        loss = rec.get("loss")
+        nonfinite = None
+        if loss is not None and not math.isfinite(loss):
+            nonfinite = "nan" if math.isnan(loss) else ("inf" if loss > 0 else "-inf")
+            loss = None
+        step = rec["step"]
+        fields = list(map(rec.get, STEP_FIELDS))
+        row = dict(zip(STEP_FIELDS, fields, strict=True))
+        row["experiment_id"] = experiment_id
+        row["attempt"] = attempt
+        row["step"] = step
+        row["loss"] = loss
+        row["loss_nonfinite"] = nonfinite
+        row["extra"] = rec.get("extra")
+        rows.append(row)
+        if values:
+            flat.append(step)
+            flat += fields
+            flat.append(loss)
+    return rows, flat
 
 
 def add_steps(
@@ -88,28 +103,84 @@ def add_steps(
     attempt: int,
     records: Iterable[Mapping[str, Any]],
     skip_existing: bool = False,
+    rollup: bool = True,
 ) -> int:
-    """Insert step records in one batch and commit; returns the number of records given.
+    """Insert step records in one batch with their rollup (:mod:`ckptlab.db.rollups`), in
+    one transaction, and commit; returns the number of records given.
 
     A non-finite ``loss`` is stored as NULL with ``loss_nonfinite`` = ``nan``/``inf``/``-inf``.
 
     Args:
         skip_existing: silently skip records whose (experiment, attempt, step) is already
-            stored (``INSERT ... ON CONFLICT DO NOTHING``), so a batch can be retried after
-            a commit whose outcome was unknown. Default False: a duplicate raises
-            ``sqlalchemy.exc.IntegrityError``.
+            stored (they are left out of the insert and of the rollup, so a batch can be
+            retried after a commit whose outcome was unknown; a step given twice counts
+            once). Default False: a duplicate raises ``sqlalchemy.exc.IntegrityError``.
+        rollup: write the rollup with the steps (default). False: the steps alone, as
+            before rollups existed (a bulk load that calls
+            :func:`ckptlab.db.rollups.rebuild_rollups` once at the end; the benchmark that
+            prices the rollup); series requests read such an attempt step by step until then.
     """
-    rows = [_step_row(experiment_id, attempt, r) for r in records]
+    if not rollup:
+        rows, _ = _step_rows(experiment_id, attempt, records, values=False)
+        if rows:
+            session.execute(_insert_or_skip(session) if skip_existing else Step.__table__.insert(), rows)
+            session.commit()
+        return len(rows)
+    rows, flat = _step_rows(experiment_id, attempt, records, values=True)
+    given = len(rows)
+    if not rows:
+        return 0
+    steps, values = _rollup_input(flat, len(rows))
+    if skip_existing:
+        keep = _new_steps(session, experiment_id, attempt, steps)
+        if keep is not None:
+            rows = [row for row, new in zip(rows, keep.tolist(), strict=True) if new]
+            steps, values = steps[keep], values[keep]
     if rows:
-        stmt = Step.__table__.insert()
-        if skip_existing:
-            dialect_insert = postgresql.insert if is_postgresql(session) else sqlite.insert
-            stmt = dialect_insert(Step.__table__).on_conflict_do_nothing(
-                index_elements=["experiment_id", "attempt", "step"]
-            )
-        session.execute(stmt, rows)
+        session.execute(_insert_or_skip(session) if skip_existing else Step.__table__.insert(), rows)
+        add_rollup(session, experiment_id=experiment_id, attempt=attempt, steps=steps, values=values)
         session.commit()
-    return len(rows)
+    return given
+
+
+def _new_steps(session: Session, experiment_id: int, attempt: int, steps: np.ndarray) -> np.ndarray | None:
+    """Which of ``steps`` are not stored for the attempt yet and not a repeat of an earlier
+    one in ``steps`` (a mask), or None when all of them are new. One indexed range query,
+    hand-written: it runs with every batch, and compiling it would cost more than running
+    it. (``INSERT ... RETURNING`` would name the inserted rows too, but on PostgreSQL it
+    turns the batch insert into multi-row statements that cost several times as much.)"""
+    p = placeholder(session)
+    cur = session.connection().connection.dbapi_connection.cursor()
+    try:
+        cur.execute(
+            f"SELECT step FROM steps WHERE experiment_id = {p} AND attempt = {p} AND step BETWEEN {p} AND {p}",
+            (experiment_id, attempt, int(steps.min()), int(steps.max())),
+        )
+        stored = {row[0] for row in cur.fetchall()}
+    finally:
+        cur.close()
+    if not stored and (len(steps) < 2 or bool((np.diff(steps) > 0).all())):
+        return None
+    keep = np.ones(len(steps), dtype=bool)
+    for i, step in enumerate(steps.tolist()):
+        if step in stored:
+            keep[i] = False
+        stored.add(step)
+    return keep
+
+
+def _rollup_input(flat: list[Any], n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Steps (int64) and series values (float64 ``(n, len(SERIES_METRICS))``, NaN for None)
+    from :func:`_step_rows`' flat list: one conversion, about twice as fast as from a list
+    of rows."""
+    table = np.array(flat, dtype=np.float64).reshape(n, 1 + len(SERIES_METRICS))
+    return table[:, 0].astype(np.int64), table[:, 1:]
+
+
+def _insert_or_skip(session: Session) -> Any:
+    """``INSERT ... ON CONFLICT DO NOTHING`` into ``steps`` on the session's dialect."""
+    dialect_insert = postgresql.insert if is_postgresql(session) else sqlite.insert
+    return dialect_insert(Step.__table__).on_conflict_do_nothing(index_elements=["experiment_id", "attempt", "step"])
 
 
 def list_experiments(

@@ -1,6 +1,6 @@
 """The read paths that use dialect-sensitive SQL (NULLS LAST, CASE ordering, the raw DBAPI
-cursor of the series, row-id cursors of the streams) behave the same on SQLite and
-PostgreSQL."""
+cursor of the series and its rollup, row-id cursors of the streams) behave the same on
+SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -38,6 +38,10 @@ def test_queries_series_and_streams_on_both_databases(any_database_url, data_dir
         assert series["total"] == 3000 and len(series["x"]) <= 100 and series["max"] == {"step": 777, "value": 50.0}
         loss = client.get(f"/api/experiments/{run.id}/series", params={"metric": "loss"}).json()
         assert loss["total"] == 1500 and loss["skipped"] == 1500
+        rolled = client.get(f"/api/experiments/{run.id}/series", params={"max_points": 10}).json()  # from the rollup
+        assert rolled["resolution"] == 256 and rolled["total"] == 3000 and rolled["max"] == series["max"]
+        zoom = client.get(f"/api/experiments/{run.id}/series", params={"step_min": 770, "step_max": 780}).json()
+        assert zoom["x"] == list(range(770, 781)) and zoom["max"] == {"step": 777, "value": 50.0}
 
         events = parse_sse(client.get(f"/api/experiments/{run.id}/events").text)
         assert [e.data["step"] for e in events if e.event == "step"] == list(range(1, 3001))
