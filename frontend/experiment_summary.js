@@ -130,8 +130,9 @@ export function renderSummary(exp, baseline) {
       const cmp = baseline.comparison;
       const o = cmp.overhead;
       const runs = cmp.baseline_ids.map((id, i) => [i ? ', ' : '', el('a', { href: `#/experiments/${id}` }, `#${id}`)]).flat();
-      const against = runs.length ? [' step time against ', ...runs, ` (strategy ${BASELINE})`]
-        : [` step time against an un-checkpointed copy (strategy ${BASELINE}) timed in the same process`];
+      const against = cmp.paired ? [` step time against an un-checkpointed copy (strategy ${BASELINE}) timed in the same process`,
+        ...(runs.length ? ['; memory against ', ...runs] : [' ', el('button', { type: 'button', class: 'secondary small', id: 'exp-run-baseline' }, 'Run the baseline for the memory figures')])]
+        : [' step time against ', ...runs, ` (strategy ${BASELINE})`];
       baselineEntry = ['Overhead vs baseline', el('span', null,
         el('strong', { id: 'exp-overhead' }, !o ? '—' : o.measurable ? fmtPct(o.estimate_pct) : 'no measurable difference'),
         ...against,

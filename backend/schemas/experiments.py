@@ -153,6 +153,11 @@ class ComparisonPublic(BaseModel):
     overhead_text: str | None = Field(
         None, description="the overhead in words; 'no measurable difference' when it is not measurable"
     )
+    paired: bool = Field(
+        False,
+        description="the overhead comes from the run's own rounds with an un-checkpointed copy in its process "
+        "(issue 19), not from the baseline runs (then listed for the memory figures only)",
+    )
 
 
 class AttemptPublic(BaseModel):

@@ -27,7 +27,7 @@ class PlanCreate(BaseModel):
     name: Annotated[str, StringConstraints(min_length=1, max_length=200, strip_whitespace=True)] | None = None
     base: dict[str, Any] = Field(description="the experiment spec to plan for (fields as in ExperimentCreate)")
     budget: ByteSize = Field(description="the memory budget for the peak: bytes, or a size such as '24 GiB'")
-    compile_budgets: list[Annotated[float, Field(ge=0.0, le=1.0)]] = Field(
+    compile_budgets: list[Annotated[float, Field(ge=0.0, le=1.0, strict=True)]] = Field(
         default_factory=lambda: [0.1, 0.5, 1.0],
         max_length=8,
         description=(

@@ -53,6 +53,7 @@ class Comparison:
     baseline_ids: list[int] = field(default_factory=list)
     overhead: dict[str, Any] | None = None
     overhead_text: str | None = None
+    paired: bool = False
 
 
 #: Spec fields that do not change the timed work: a baseline may differ in them.
@@ -87,7 +88,7 @@ def compare_with_baseline(
                 and r.status == Status.SUCCEEDED
                 and (r.experiment_id == row.baseline_id or r.repeat_of == row.baseline_id)
             ]
-            return Comparison(experiment.id, False, ids, row.overhead, row.overhead_text)
+            return Comparison(experiment.id, False, ids, row.overhead, row.overhead_text, row.paired is not None)
     want = _workload(spec)
     candidates = session.scalars(
         select(Experiment)
@@ -119,4 +120,5 @@ def compare_with_baseline(
         baseline_ids=[e.id for e in matches],
         overhead=interval.as_dict() if interval else None,
         overhead_text=words,
+        paired=rounds is not None,
     )
