@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 from typing import Any
 
 from ckptlab.spec import ExperimentSpec
@@ -107,6 +108,24 @@ def step_record(step: int, loss: float = 1.0) -> dict[str, Any]:
         "allocated_bytes": 100,
         "peak_allocated_bytes": 200,
         "loss": loss,
+    }
+
+
+def varied_step_record(step: int) -> dict[str, Any]:
+    """A step record whose values vary with the step (for series and rollups): step times
+    with spikes at 1234 (90 ms) and 4321 (70 ms) and a dip at 5000 (0.5 ms), peaks that jump
+    around, NaN losses every 4th step, no reserved bytes (CPU)."""
+    return {
+        "step": step,
+        "forward_ms": 1.0 + (step % 7) / 10,
+        "backward_ms": 2.0 + (step % 5) / 10,
+        "optimizer_ms": 0.5,
+        "step_ms": {1234: 90.0, 4321: 70.0, 5000: 0.5}.get(step, 3.0 + (step % 11) / 10),
+        "allocated_bytes": 1000 + step % 13,
+        "peak_allocated_bytes": 2000 + (step * 7919) % 1009,
+        "reserved_bytes": None,
+        "loss": math.nan if step % 4 == 0 else 1.0 / step,
+        "extra": {"pass": "memory"},
     }
 
 

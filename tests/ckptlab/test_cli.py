@@ -17,26 +17,10 @@ from ckptlab.db.models import Step
 from ckptlab.domain import Status
 from ckptlab.settings import Settings, get_settings
 from cli.main import app
-from tests.factories import make_spec
+from tests.factories import make_spec, varied_step_record
 from worker.writer import StepWriter
 
 N = 6000
-
-
-def record(step: int) -> dict:
-    """A step whose values vary: spikes, a dip, non-finite losses, no reserved bytes."""
-    return {
-        "step": step,
-        "forward_ms": 1.0 + (step % 7) / 10,
-        "backward_ms": 2.0 + (step % 5) / 10,
-        "optimizer_ms": 0.5,
-        "step_ms": {1234: 90.0, 4321: 70.0, 5000: 0.5}.get(step, 3.0 + (step % 11) / 10),
-        "allocated_bytes": 1000 + step % 13,
-        "peak_allocated_bytes": 2000 + (step * 7919) % 1009,
-        "reserved_bytes": None,
-        "loss": math.nan if step % 4 == 0 else 1.0 / step,
-        "extra": {"pass": "memory"},
-    }
 
 
 @pytest.fixture
@@ -55,7 +39,7 @@ def test_steps_stored_by_plain_sql_and_rebuilt_read_as_a_workers(cli, any_databa
 
     engine = make_engine(any_database_url)
     Session = make_sessionmaker(engine)
-    records = [record(s) for s in range(1, N + 1)]
+    records = [varied_step_record(s) for s in range(1, N + 1)]
     with Session() as s:
         written = store.create_experiment(s, spec=make_spec(), status=Status.RUNNING, worker_id="w:1").id
         with StepWriter(Session, experiment_id=written, attempt=1, batch_rows=700) as writer:
@@ -103,7 +87,7 @@ def test_rebuild_shows_progress_on_long_work_and_refuses_an_unknown_experiment(c
     engine = make_engine(any_database_url)
     with make_sessionmaker(engine)() as s:
         exp = store.create_experiment(s, spec=make_spec(), status=Status.RUNNING, worker_id="w:1").id
-        store.add_steps(s, experiment_id=exp, attempt=1, records=[record(i) for i in range(1, 301)])
+        store.add_steps(s, experiment_id=exp, attempt=1, records=[varied_step_record(i) for i in range(1, 301)])
     engine.dispose()
     monkeypatch.setattr("ckptlab.cli.PROGRESS_FROM_ROWS", 100)
     result = cli("db", "rebuild-rollups")
