@@ -7,6 +7,7 @@ import {
 import { LiveStream, liveBadge } from './live.js';
 import { PLOT_CONFIG, SERIES_METRICS, memoryFigure, seriesFigures, timeFigure } from './charts.js';
 import { fillForm } from './form.js';
+import { renderProgress, watchProgress } from './progress.js';
 import { setStatus, renderSpec, renderSummary, renderEnvironment, renderDownloads, renderHistory, findBaseline } from './experiment_summary.js';
 
 /** Steps are re-read with their memory breakdown (which the stream does not carry) at most
@@ -168,6 +169,7 @@ function stopLive() {
   if (!cur) return;
   if (cur.stream) cur.stream.close();
   clearTimeout(cur.poll);
+  clearInterval(cur.progressTimer);
   cur.stream = null;
 }
 
@@ -188,6 +190,7 @@ async function finalize() {
     await drawCharts();
     if (c !== cur) return;
     setStatus(c.exp.status);
+    renderProgress(c.exp);
     $('exp-live').hidden = true;
     document.title = `ckptlab · #${c.exp.id} ${c.exp.status}`;
     if (c.exp.status === STATUS.SUCCEEDED) {
@@ -269,7 +272,9 @@ function startStream() {
       if (TERMINAL.has(d.status)) {
         finalize();
       } else {
-        c.exp = { ...c.exp, status: d.status, attempt: d.attempt };
+        const moved = d.status !== c.exp.status || d.attempt !== c.exp.attempt;
+        c.exp = { ...c.exp, status: d.status, attempt: d.attempt, progress: moved ? null : c.exp.progress };
+        renderProgress(c.exp);
         setStatus(d.status);
         renderHistory(c.id);
         renderSummary(c.exp, null);
@@ -304,6 +309,7 @@ function startPolling() {
         }
         c.exp = r.body;
         setStatus(r.body.status);
+        renderProgress(r.body);
         renderSummary(r.body, null);
         if ((r.body.spec.steps || 0) <= SERIES_ABOVE_STEPS) await fetchSteps();
         else await fetchSeries();
@@ -322,6 +328,7 @@ function renderAll(exp) {
   $('exp-sweep-crumb').replaceChildren(...(exp.sweep_id ? [' · ', el('a', { href: `#/sweeps/${exp.sweep_id}` }, `Sweep #${exp.sweep_id}`)] : []));
   renderSpec(exp.spec, exp.summary);
   renderSummary(exp, null);
+  renderProgress(exp);
   renderEnvironment(exp.summary);
   renderDownloads(exp);
   renderHistory(exp.id);
@@ -333,6 +340,7 @@ function reset(id) {
   $('exp-status').className = 'status';
   $('exp-cancel').hidden = true;
   $('exp-live').hidden = true;
+  $('exp-progress').hidden = true;
   $('exp-timing').textContent = '';
   $('exp-notfound').hidden = true;
   $('exp-error').hidden = true;
@@ -397,6 +405,7 @@ export async function showExperiment(id) {
   setStatus(c.exp.status);
   document.title = `ckptlab · #${id} ${c.exp.status}`;
   drawCharts();
+  c.progressTimer = watchProgress(c, () => c === cur);
   if (typeof EventSource === 'function') startStream();
   else startPolling();
 }

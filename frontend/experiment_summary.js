@@ -99,7 +99,9 @@ export function renderSummary(exp, baseline) {
   pending.hidden = Boolean(s);
   pending.textContent = TERMINAL.has(exp.status)
     ? `The run ended (${exp.status.replace('_', ' ')}) without a summary.`
-    : exp.status === STATUS.QUEUED ? 'Queued: waiting for a worker.' : 'Running: the summary appears when it finishes.';
+    : exp.status === STATUS.QUEUED
+      ? `Queued${exp.progress ? ` (${exp.progress.text})` : ''}: waiting for a worker.`
+      : 'Running: the summary appears when it finishes.';
   const headline = $('exp-headline');
   if (!s) {
     $('exp-summary').replaceChildren();

@@ -14,6 +14,7 @@ export function num(v) {
 export function renderProgress(p, cancelled) {
   if (!p) return;
   $('sweep-progress-text').textContent = `${p.finished} of ${p.total}`;
+  $('sweep-eta').textContent = p.eta_text ? ` · ${p.eta_text}` : '';
   const bar = $('sweep-progress-bar');
   bar.setAttribute('aria-valuemax', String(p.total));
   bar.setAttribute('aria-valuenow', String(p.finished));

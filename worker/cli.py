@@ -114,6 +114,7 @@ def run(
     from ckptlab.db.database import make_engine, make_sessionmaker, migrate
     from ckptlab.db.store import create_experiment, get_experiment, list_steps
     from worker.devices import default_worker_id
+    from worker.progress_bar import RunProgressBar
     from worker.service import execute_experiment
 
     url = _settings().resolved_database_url
@@ -122,7 +123,8 @@ def run(
     Session = make_sessionmaker(engine)
     with Session() as session:
         exp = create_experiment(session, spec=spec, status=Status.RUNNING, worker_id=default_worker_id())
-    execute_experiment(url, exp.id, exp.attempt)
+    with RunProgressBar(Session, exp.id, exp.attempt, exp.spec, Console(stderr=True)):
+        execute_experiment(url, exp.id, exp.attempt)
     with Session() as session:
         exp = get_experiment(session, experiment_id=exp.id)
         steps = list_steps(session, experiment_id=exp.id)

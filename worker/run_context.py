@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from ckptlab.domain import MemoryCategory
+from ckptlab.progress import STEPS_PLANNED, steps_planned
 from ckptlab.spec import ExperimentSpec
 from ckptlab.stats import describe
 from ckptlab.strategies import BASELINE, get_strategy
@@ -124,6 +125,7 @@ class RunContext:
             else:
                 self.records.append(self._one_step())
             self.records[-1]["extra"]["pass"] = "memory"
+            self.records[-1]["extra"][STEPS_PLANNED] = steps_planned(spec.steps, spec.timed_steps)
             self._emit(self.records[-1])
             if spec.memory_early_stop and memory_is_flat(self.records, spec.warmup_steps):
                 break  # every further step would read the same bytes
@@ -153,6 +155,7 @@ class RunContext:
                 self.timed[-1]["extra"]["pass"] = "timed"
             else:
                 self.timed.append(self._timed_step())
+            self.timed[-1]["extra"][STEPS_PLANNED] = steps_planned(first - 1, self.spec.timed_steps)
             self._emit(self.timed[-1])
 
     def _paired_baseline(self) -> RunContext | None:

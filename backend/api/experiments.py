@@ -3,6 +3,7 @@ and :mod:`backend.services.queries`."""
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -24,12 +25,14 @@ from backend.schemas import (
     Format,
     Message,
     Metric,
+    RunProgressPublic,
     SeriesPoint,
     SeriesPublic,
     Status,
     StepsPublic,
 )
 from backend.services import comparison, exports, queries, series, series_view, streams
+from backend.services.progress import experiment_progress
 from backend.services.responses import CSV_RESPONSE, SSE_RESPONSE, WRITE_RESPONSES
 from ckptlab.db import events, queue, store
 from ckptlab.db.models import Experiment
@@ -141,9 +144,15 @@ def export_experiments(
 
 
 @router.get("/{experiment_id}", response_model=ExperimentPublic, responses=NOT_FOUND, summary="One experiment")
-def get_experiment(session: SessionDep, experiment_id: ExperimentId) -> Experiment:
-    """The experiment with its spec, status, summary and error."""
-    return _get_or_404(session, experiment_id)
+def get_experiment(session: SessionDep, experiment_id: ExperimentId) -> ExperimentPublic:
+    """The experiment with its spec, status, summary and error; while queued or running, its
+    ``progress`` (place in the queue, or step k of N and an ETA)."""
+    exp = _get_or_404(session, experiment_id)
+    public = ExperimentPublic.model_validate(exp)
+    progress = experiment_progress(session, exp)
+    if progress is not None:
+        public.progress = RunProgressPublic.model_validate({**asdict(progress), "text": progress.words()})
+    return public
 
 
 @router.get(

@@ -51,7 +51,9 @@ def _get_or_404(session: Session, sweep_id: int) -> Sweep:
 
 
 def _progress(p: sweep_reads.Progress) -> ProgressPublic:
-    return ProgressPublic(total=p.total, finished=p.finished, counts=p.counts)
+    return ProgressPublic(
+        total=p.total, finished=p.finished, counts=p.counts, elapsed_s=p.elapsed_s, eta_s=p.eta_s, eta_text=p.eta_text
+    )
 
 
 def _public(session: Session, sweep: Sweep) -> SweepPublic:

@@ -15,6 +15,7 @@ from ckptlab.spec import ExperimentSpec
 
 __all__ = [
     "ExperimentCreate",
+    "RunProgressPublic",
     "ExperimentPublic",
     "ExperimentsPublic",
     "StepPublic",
@@ -64,6 +65,35 @@ class ExperimentCreate(ExperimentSpec):
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [EXAMPLE_SPEC]})
 
 
+class RunProgressPublic(BaseModel):
+    """Where a queued or running experiment is (:class:`ckptlab.progress.RunProgress`):
+    its place in the queue, or its last step, the steps it records in all and about how
+    long it still needs (elapsed x steps left / steps done)."""
+
+    model_config = ConfigDict(
+        from_attributes=True,
+        json_schema_extra={
+            "examples": [
+                {
+                    "queue_position": None,
+                    "step": 7,
+                    "total_steps": 25,
+                    "elapsed_s": 4.2,
+                    "eta_s": 10.8,
+                    "text": "step 7 of 25, about 11 s left",
+                }
+            ]
+        },
+    )
+
+    queue_position: int | None = Field(None, description="1: the next run a worker claims; null unless queued")
+    step: int | None = Field(None, description="the last step recorded; null before the first")
+    total_steps: int | None = Field(None, description="steps the run records in all, as known now")
+    elapsed_s: float | None = Field(None, description="seconds since it started")
+    eta_s: float | None = Field(None, description="about how many seconds remain")
+    text: str = Field(description="the same in words, as ckptlab run prints it")
+
+
 class ExperimentPublic(BaseModel):
     """An experiment as the API shows it. ``summary`` is set once it has ``succeeded``."""
 
@@ -82,6 +112,9 @@ class ExperimentPublic(BaseModel):
     warnings: list[str] | None = None
     sweep_id: int | None = None
     snapshot_path: str | None = Field(None, exclude=True)
+    progress: RunProgressPublic | None = Field(
+        None, description="queued or running: where it is (only on GET /api/experiments/{id}); null otherwise"
+    )
 
     @computed_field(description="a CUDA memory snapshot is downloadable at /api/experiments/{id}/snapshot")
     @property

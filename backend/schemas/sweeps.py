@@ -104,19 +104,28 @@ class InvalidCombination(BaseModel):
 
 
 class ProgressPublic(BaseModel):
-    """How far a sweep has got: ``finished`` of ``total`` and the count in each status."""
+    """How far a sweep has got: ``finished`` of ``total``, the count in each status, and
+    about how long the rest takes (:func:`ckptlab.progress.sweep_eta`)."""
 
     model_config = examples(
         {
             "total": 10,
             "finished": 4,
             "counts": dict(zip(Status, (5, 1, 4, 0, 0, 0, 0), strict=True)),
+            "elapsed_s": 120.0,
+            "eta_s": 180.0,
+            "eta_text": "about 3 min left",
         }
     )
 
     total: int
     finished: int
     counts: dict[Status, int]
+    elapsed_s: float | None = Field(None, description="seconds since the first run started; null before")
+    eta_s: float | None = Field(
+        None, description="about how many seconds remain: elapsed x unfinished / finished; null before a run finished"
+    )
+    eta_text: str = Field("", description="the estimate in words; empty when done or before a run started")
 
 
 class SweepExperimentPublic(BaseModel):

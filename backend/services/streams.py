@@ -13,7 +13,7 @@ every 15 s keeps idle connections alive. Events:
 - ``step``: ``{"experiment_id", "attempt", "step", "forward_ms", ..., "loss", "loss_nonfinite"}``
 - ``status``: ``{"experiment_id", "status", "attempt", "error"}``, on connect and on every
   change (a retried experiment shows its new ``attempt``).
-- ``progress`` (sweeps only): ``{"total", "finished", "counts"}`` after status changes.
+- ``progress`` (sweeps only): ``{"total", "finished", "counts", "eta_s", "eta_text"}`` after status changes.
 - ``end``: ``{"reason": "finished"}`` once every experiment has finished and its last step
   was sent; the server then closes the stream (clients should stop reconnecting).
 
@@ -407,6 +407,7 @@ def event_stream(
                 if result.progress is not None:
                     p = result.progress
                     data = {"total": p.total, "finished": p.finished, "counts": p.counts}
+                    data |= {"eta_s": p.eta_s, "eta_text": p.eta_text}
                     yield _event("progress", data, Cursor(step_id, digest))
             if all(s.status in FINISHED_STATUSES for s in result.states):
                 yield _event("end", {"reason": "finished"}, Cursor(step_id, digest))

@@ -11,8 +11,10 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from backend.services.progress import first_started, now_of
 from ckptlab.db.models import Experiment, Sweep
 from ckptlab.domain import FINISHED_STATUSES, Status
+from ckptlab.progress import SweepEta, format_duration, sweep_eta
 from ckptlab.stats import NOISE_THRESHOLD_PCT, RatioInterval, paired_ratio_ci, ratio_ci
 from ckptlab.strategies import BASELINE, STRATEGIES
 from ckptlab.summary import RunSummary
@@ -38,20 +40,36 @@ class Progress:
         total: experiments in the sweep.
         finished: those in a finished status (succeeded, failed, oom, timed_out, cancelled).
         counts: experiments per status (every status present, zeros included).
+        elapsed_s: wall seconds since its first run started (None before one did).
+        eta_s: about how many seconds remain (:func:`ckptlab.progress.sweep_eta`; 0 when
+            done, None before a run finished).
     """
 
     total: int
     finished: int
     counts: dict[str, int]
+    elapsed_s: float | None = None
+    eta_s: float | None = None
 
     @property
     def done(self) -> bool:
         """Every experiment has finished."""
         return self.finished >= self.total
 
+    @property
+    def eta_text(self) -> str:
+        """``about 3 min left`` (:func:`ckptlab.progress.sweep_eta`); before a run finished,
+        that the estimate follows it; empty when done or before a run started."""
+        if self.done or self.elapsed_s is None:
+            return ""
+        if self.eta_s is None:
+            return "time left: estimated once a run finishes"
+        return f"about {format_duration(self.eta_s)} left"
+
 
 def sweep_progress(session: Session, *, sweep_ids: Sequence[int]) -> dict[int, Progress]:
-    """Progress of each sweep in ``sweep_ids`` (one grouped count query).
+    """Progress of each sweep in ``sweep_ids`` (a grouped count query and, for unfinished
+    sweeps, one for when their first run started: the ETA).
 
     Returns:
         sweep id -> :class:`Progress` (sweeps without experiments get a zero total).
@@ -65,10 +83,18 @@ def sweep_progress(session: Session, *, sweep_ids: Sequence[int]) -> dict[int, P
         ).all()
         for sid, status, n in rows:
             counts[sid][status] = counts[sid].get(status, 0) + n
-    return {
-        sid: Progress(total=sum(c.values()), finished=sum(n for s, n in c.items() if s in FINISHED_STATUSES), counts=c)
-        for sid, c in counts.items()
-    }
+    done = {sid: sum(n for s, n in c.items() if s in FINISHED_STATUSES) for sid, c in counts.items()}
+    unfinished = [sid for sid, c in counts.items() if done[sid] < sum(c.values())]
+    started = first_started(session, unfinished)
+    now = now_of(session) if started else None
+    progress = {}
+    for sid, c in counts.items():
+        total = sum(c.values())
+        eta = SweepEta(None, 0.0 if done[sid] >= total else None)
+        if sid in started:
+            eta = sweep_eta(total=total, finished=done[sid], elapsed_s=(now - started[sid]).total_seconds())
+        progress[sid] = Progress(total=total, finished=done[sid], counts=c, elapsed_s=eta.elapsed_s, eta_s=eta.eta_s)
+    return progress
 
 
 def list_sweeps(session: Session, *, offset: int = 0, limit: int = 100) -> tuple[list[Sweep], int]:

@@ -33,6 +33,7 @@ __all__ = [
     "get_experiment",
     "list_steps",
     "last_step",
+    "latest_step_record",
     "list_attempts",
     "Attempt",
     "create_sweep",
@@ -199,6 +200,20 @@ def list_experiments(
 def get_experiment(session: Session, *, experiment_id: int) -> Experiment | None:
     """One experiment, or None."""
     return session.get(Experiment, experiment_id)
+
+
+def latest_step_record(
+    session: Session, *, experiment_id: int, attempt: int
+) -> tuple[int, dict[str, Any] | None] | None:
+    """The step number and ``extra`` of an attempt's latest step, or None before its first
+    (one indexed read: what progress reports, :mod:`ckptlab.progress`)."""
+    row = session.execute(
+        select(Step.step, Step.extra)
+        .where(Step.experiment_id == experiment_id, Step.attempt == attempt)
+        .order_by(Step.step.desc())
+        .limit(1)
+    ).first()
+    return None if row is None else (row.step, row.extra)
 
 
 def list_steps(session: Session, *, experiment_id: int, attempt: int | None = None) -> list[Step]:

@@ -131,6 +131,9 @@ def test_create_and_read_a_sweep(client):
             "timed_out": 0,
             "cancelled": 0,
         },
+        "elapsed_s": None,  # no run started: no estimate yet
+        "eta_s": None,
+        "eta_text": "",
     }
     roles = [e["role"] for e in sweep["experiments"]]
     assert roles.count("baseline") == 4 and roles.count("run") == 4  # each baseline twice

@@ -76,9 +76,13 @@ def test_sweep_from_form_live_charts_and_recommendation(
         """() => {
         window.__noReload = 'still here';
         window.__progress = [];
+        window.__eta = [];
         const node = document.getElementById('sweep-progress-text');
         new MutationObserver(() => window.__progress.push(node.textContent))
           .observe(node, {childList: true, characterData: true, subtree: true});
+        const eta = document.getElementById('sweep-eta');
+        new MutationObserver(() => window.__eta.push(eta.textContent))
+          .observe(eta, {childList: true, characterData: true, subtree: true});
       }"""
     )
     page.click("#submit")
@@ -91,6 +95,10 @@ def test_sweep_from_form_live_charts_and_recommendation(
     assert seen[0] == "0 of 6", seen
     assert seen[-1] == "6 of 6", seen
     assert len(set(seen)) >= 2, seen
+    # ... with an estimate of the time left once a run had finished (issue 23), gone at the end.
+    etas = page.evaluate("window.__eta")
+    assert any(re.fullmatch(r" · about \d+ (s|min) left", t) for t in etas), etas
+    expect(page.locator("#sweep-eta")).to_have_text("")
     assert page.evaluate("window.__noReload") == "still here"
     assert page.evaluate("performance.getEntriesByType('navigation').length") == 1
     assert any(f"/api/sweeps/{sweep_id}/events" in u for u in requested_urls), "no event stream was opened"

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from ckptlab.progress import STEPS_PLANNED
 from tests.factories import make_spec
 from tests.support import install_model_plugin
 from worker.engine import run_experiment
@@ -71,6 +72,9 @@ def test_a_flat_memory_stops_the_memory_pass_and_the_timing_pass_runs_in_full():
     assert memory[-1]["extra"]["memory_at_peak"] == memory[-2]["extra"]["memory_at_peak"]
     assert summary["memory_growth_bytes_per_step"] == 0
     assert "memory_grows_per_step" not in {f["code"] for f in summary["findings"]}
+    # Progress (issue 23): each step says how many the run records in all, as known then.
+    assert {r["extra"][STEPS_PLANNED] for r in memory} == {100 + 3}
+    assert {r["extra"][STEPS_PLANNED] for r in records[len(memory) :]} == {len(records)}
 
 
 def test_without_early_stop_every_memory_step_runs():

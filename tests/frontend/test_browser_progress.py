@@ -1,0 +1,78 @@
+"""Progress in the browser (issue 23): a queued run's place in the queue, a running run's
+"step k of N" and its estimate. (A sweep's estimate is checked in the sweep test of
+test_browser.py.)"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.frontend.support import (
+    CHROMIUM,
+    RUN_TIMEOUT_MS,
+    _free_port,
+    _request,
+    _stop,
+    start_ckptlab,
+    wait_healthy,
+)
+
+if not CHROMIUM.exists():
+    pytest.skip(f"{CHROMIUM} not found: no browser for the frontend test", allow_module_level=True)
+
+from playwright.sync_api import Page, expect  # noqa: E402
+
+pytestmark = pytest.mark.browser
+
+#: A run that goes on until cancelled (steps are cheap: a small MLP).
+LONG_RUN = {
+    "model": {"kind": "mlp", "depth": 4, "width": 64},
+    "batch_size": 16,
+    "steps": 100000,
+    "timed_steps": 0,
+    "memory_early_stop": False,
+    "verify_gradients": False,
+    "device": "cpu",
+}
+
+
+def test_a_queued_run_shows_its_place_and_a_running_one_its_step_of_the_total_and_time_left(
+    tmp_path: Path, page: Page, page_errors: list[str]
+) -> None:
+    """One worker slot: the first run runs, the second waits first in the queue."""
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    worker = start_ckptlab(["worker", "--cpu-slots", "1"], tmp_path, "worker.log", CKPTLAB_POLL_INTERVAL_S="0.2")
+    backend = start_ckptlab(["serve", "--port", str(port)], tmp_path, "serve.log")
+    try:
+        wait_healthy(url, backend, tmp_path / "serve.log")
+        ids = []
+        for _ in range(2):
+            code, exp = _request(f"{url}/api/experiments", LONG_RUN)
+            assert code == 201, exp
+            ids.append(exp["id"])
+
+        page.goto(f"{url}/#/experiments/{ids[1]}")
+        expect(page.locator("#exp-progress")).to_have_text("· position 1 in the queue", timeout=RUN_TIMEOUT_MS)
+        expect(page.locator("#summary-pending")).to_contain_text("position 1 in the queue")
+
+        page.goto(f"{url}/#/experiments/{ids[0]}")
+        expect(page.locator("#exp-status")).to_have_text("running", timeout=RUN_TIMEOUT_MS)
+        progress = page.locator("#exp-progress")
+        expect(progress).to_have_text(re.compile(r"· step \d+ of 100000, about .+ left"), timeout=RUN_TIMEOUT_MS)
+        first = int(re.search(r"step (\d+)", progress.inner_text()).group(1))
+        page.wait_for_function(
+            f"(+(document.getElementById('exp-progress').textContent.match(/step (\\d+)/) || [0, 0])[1]) > {first}",
+            timeout=RUN_TIMEOUT_MS,
+        )  # it moves on by itself
+
+        for i in ids:
+            assert _request(f"{url}/api/experiments/{i}/cancel", {})[0] == 200
+        expect(page.locator("#exp-status")).to_have_text("cancelled", timeout=30_000)
+        expect(progress).to_be_hidden()
+        assert not page_errors, page_errors
+    finally:
+        _stop(backend)
+        _stop(worker)
