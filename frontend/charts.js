@@ -3,6 +3,9 @@
 
 import { COLORWAY, META, OKABE_ITO, byteUnit, fmtBytes } from './util.js';
 
+/** The gradient chart draws one row per run (horizontal bars) above this many runs. */
+const HORIZONTAL_ABOVE = 6;
+
 /** Above this many points a chart uses WebGL traces (scattergl). */
 export const GL_THRESHOLD = 1000;
 
@@ -65,14 +68,20 @@ export const CATEGORIES = META.memory_categories.map((name, i) => [
   name, name.replace('_', ' '), CATEGORY_COLORS[i % CATEGORY_COLORS.length],
 ]);
 
-function stepAxis(spec, steps, n) {
-  const last = Math.max(n, (spec && spec.steps) || 1);
+/** The step axis: up to the last step drawn once the run has finished (a memory pass that
+ * stopped early ends there), up to `planned` steps while it runs (the axis does not jump). */
+function stepAxis(n, planned, finished) {
+  const last = finished ? Math.max(n, 1) : Math.max(n, planned || 1);
   return {
     title: { text: 'step' },
     tickformat: 'd',
     dtick: last <= 15 ? 1 : undefined,
     range: [0.5, last + 0.5],
   };
+}
+
+function lastStep(steps) {
+  return steps.length ? steps[steps.length - 1].step : 0;
 }
 
 function warmupShape(spec) {
@@ -140,7 +149,7 @@ export function memoryFigure(spec, steps, finished) {
   }
   const layout = baseLayout({
     hovermode: 'x unified',
-    xaxis: { ...baseLayout().xaxis, ...stepAxis(spec, steps, steps.length ? steps[steps.length - 1].step : 0) },
+    xaxis: { ...baseLayout().xaxis, ...stepAxis(lastStep(steps.filter((s) => s.peak_allocated_bytes != null)), spec && spec.steps, finished) },
     yaxis: { ...baseLayout().yaxis, title: { text: `memory (${unit})` } },
     shapes: warmupShape(spec),
     annotations: emptyNote(steps, finished),
@@ -184,7 +193,7 @@ export function timeFigure(spec, steps, finished) {
   const layout = baseLayout({
     barmode: 'stack',
     hovermode: 'x unified',
-    xaxis: { ...baseLayout().xaxis, ...stepAxis(spec, steps, steps.length ? steps[steps.length - 1].step : 0) },
+    xaxis: { ...baseLayout().xaxis, ...stepAxis(lastStep(steps), spec && (spec.steps || 0) + (spec.timed_steps || 0), finished) },
     yaxis: { ...baseLayout().yaxis, title: { text: 'time (ms)' } },
     shapes: warmupShape(spec),
     annotations: emptyNote(steps, finished),
@@ -299,9 +308,24 @@ export function sweepFigure(name, fig) {
     layout.yaxis.ticksuffix = '%';
   }
   if (name === 'correctness') {
-    layout.yaxis.exponentformat = 'e';
-    layout.yaxis.title = { text: 'max |Δgrad| vs no checkpointing' };
-    layout.xaxis.title = { text: '' };
+    const runs = Math.max(0, ...data.map((t) => (t.x || []).length));
+    if (runs > HORIZONTAL_ABOVE) {
+      // Past a few runs their labels would stand on end under the bars and take most of the
+      // height: one row per run instead, labels read across.
+      for (const t of data) {
+        if (t.type !== 'bar') continue;
+        [t.x, t.y] = [t.y, t.x];
+        t.orientation = 'h';
+        t.hovertemplate = '%{y}: %{x:.3g}<extra>%{text}</extra>';
+      }
+      layout.height = Math.max(380, 120 + 24 * runs);
+      layout.xaxis = { ...layout.xaxis, exponentformat: 'e', rangemode: 'tozero', title: { text: 'max |Δgrad| vs no checkpointing' } };
+      layout.yaxis = { ...layout.yaxis, type: 'category', autorange: 'reversed', rangemode: undefined, title: { text: '' } };
+    } else {
+      layout.yaxis.exponentformat = 'e';
+      layout.yaxis.title = { text: 'max |Δgrad|' };
+      layout.xaxis.title = { text: '' };
+    }
     layout.xaxis.automargin = true;
   }
   for (const k of Object.keys(layout).filter((k) => /^[xy]axis\d*$/.test(k))) scaleByteAxis(data, layout, k);
@@ -350,7 +374,7 @@ export function seriesFigures(spec, series) {
     return s.step_min != null && s.x.length ? `every step of ${n(s.x[0])}–${n(s.x[s.x.length - 1])} shown` : '';
   };
   const axis = (title) => ({ ...baseLayout().yaxis, title: { text: title } });
-  const xaxis = { ...baseLayout().xaxis, ...stepAxis(spec, [], last) };
+  const xaxis = { ...baseLayout().xaxis, ...stepAxis(last, 0, true) };
   const annotation = (text) => (text ? [{
     xref: 'paper', yref: 'paper', x: 1, y: 0.99, xanchor: 'right', yanchor: 'top', showarrow: false, text,
     bgcolor: 'rgba(255,255,255,0.8)', font: { size: 11, color: '#5f6670' },

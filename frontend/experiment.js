@@ -6,6 +6,7 @@ import {
 } from './util.js';
 import { LiveStream, liveBadge } from './live.js';
 import { PLOT_CONFIG, SERIES_METRICS, memoryFigure, seriesFigures, timeFigure } from './charts.js';
+import { fitText } from './chart_fit.js';
 import { fillForm } from './form.js';
 import { renderProgress, watchProgress } from './progress.js';
 import { setStatus, renderSpec, renderSummary, renderEnvironment, renderDownloads, renderHistory, findBaseline } from './experiment_summary.js';
@@ -60,8 +61,8 @@ async function drawCharts() {
     time = timeFigure(c.exp.spec, steps, c.finished);
   }
   await Promise.all([
-    Plotly.react('chart-memory', mem.data, mem.layout, PLOT_CONFIG),
-    Plotly.react('chart-time', time.data, time.layout, PLOT_CONFIG),
+    Plotly.react('chart-memory', mem.data, mem.layout, PLOT_CONFIG).then(fitText),
+    Plotly.react('chart-time', time.data, time.layout, PLOT_CONFIG).then(fitText),
   ]);
   if (c.series && c === cur) watchZoom(c);
 }

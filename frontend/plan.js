@@ -3,6 +3,7 @@
  * segments, predicted against measured peak with the budget line, time against peak of
  * every point with the front and the budget, and the server's recommendation. */
 
+import { fitText } from './chart_fit.js';
 import { $, api, el, fmtBytes, fmtMs, loadPlotly, modelLabel } from './util.js';
 import { baseLayout } from './charts.js';
 import { parseBytes } from './budget.js';
@@ -107,7 +108,7 @@ async function render(id) {
     : el('p', { class: 'muted' }, rec ? rec.reason : 'No recommendation yet.'));
   const Plotly = await loadPlotly();
   for (const [node, fig] of [['plan-chart-peak', peakFigure(v)], ['plan-chart-front', frontFigure(v)]]) {
-    Plotly.react($(node), fig.data, fig.layout, { displaylogo: false, responsive: true });
+    Plotly.react($(node), fig.data, fig.layout, { displaylogo: false, responsive: true }).then(fitText);
   }
   if (!v.finished && shown === id) timer = setTimeout(() => render(id), POLL_MS);
 }

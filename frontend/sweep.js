@@ -8,6 +8,7 @@ import {
 import { LiveStream, liveBadge } from './live.js';
 import { shortName, valueText, num, renderProgress, renderHeader } from './sweep_header.js';
 import { PLOT_CONFIG, sweepFigure } from './charts.js';
+import { fitText, keptFit } from './chart_fit.js';
 import { parseBytes } from './budget.js';
 
 export const CHARTS = [
@@ -213,7 +214,7 @@ async function drawCharts(figs) {
   await Promise.all(CHARTS.map(([name, id], i) => {
     if (!figs[i]) return null;
     const f = sweepFigure(name, figs[i]);
-    return Plotly.react(id, f.data, f.layout, PLOT_CONFIG);
+    return Plotly.react(id, f.data, keptFit(id, f.layout), PLOT_CONFIG).then((gd) => fitText(gd));
   }));
 }
 

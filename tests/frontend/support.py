@@ -181,6 +181,82 @@ def _screenshot(page: Page, name: str, *, full_page: bool = True) -> None:
     page.screenshot(path=str(SCREENSHOTS / name), full_page=full_page)
 
 
+#: Bounding boxes of every chart's chart title, axis titles, legend and tick-label groups,
+#: and the pairs among them that overlap (by more than a pixel each way): issue 23's
+#: "no overlapping text" check. Tick labels are one box per axis (their union).
+CHART_OVERLAPS_JS = """(ids) => {
+  const box = (r) => ({l: r.left, r: r.right, t: r.top, b: r.bottom});
+  const union = (els) => {
+    const rs = els.map((e) => e.getBoundingClientRect()).filter((r) => r.width > 0 && r.height > 0);
+    if (!rs.length) return null;
+    return {l: Math.min(...rs.map((r) => r.left)), r: Math.max(...rs.map((r) => r.right)),
+            t: Math.min(...rs.map((r) => r.top)), b: Math.max(...rs.map((r) => r.bottom))};
+  };
+  const out = {};
+  for (const id of ids) {
+    const root = document.getElementById(id);
+    if (!root || !root.querySelector('.main-svg')) { out[id] = {missing: true}; continue; }
+    const parts = {};
+    const add = (name, b) => { if (b && b.r - b.l > 0 && b.b - b.t > 0) parts[name] = b; };
+    add('chart title', union([...root.querySelectorAll('.gtitle')]));
+    for (const t of root.querySelectorAll('[class$="title"] text, text[class$="title"]')) {
+      const cls = t.getAttribute('class') || t.parentNode.getAttribute('class');
+      if (cls && cls !== 'gtitle') add(cls, box(t.getBoundingClientRect()));
+    }
+    add('legend', union([...root.querySelectorAll('.legend .bg')]));
+    const ticks = root.querySelectorAll('[class^="x"][class$="tick"], [class^="y"][class$="tick"]');
+    for (const axis of new Set([...ticks].map((e) => e.getAttribute('class')))) {
+      add(axis + ' labels', union([...root.querySelectorAll('.' + axis + ' text')]));
+    }
+    const names = Object.keys(parts);
+    const overlaps = [];
+    for (let i = 0; i < names.length; i++) for (let j = i + 1; j < names.length; j++) {
+      const a = parts[names[i]], b = parts[names[j]];
+      const w = Math.min(a.r, b.r) - Math.max(a.l, b.l), h = Math.min(a.b, b.b) - Math.max(a.t, b.t);
+      if (w > 1 && h > 1) overlaps.push(names[i] + ' / ' + names[j]);
+    }
+    const plot = union([...root.querySelectorAll('.nsewdrag')]);
+    const whole = root.getBoundingClientRect();
+    out[id] = {parts: names, overlaps, plot_share: plot ? (plot.b - plot.t) / whole.height : null};
+  }
+  return out;
+}"""
+
+
+def chart_overlaps(page: Page, chart_ids: list[str]) -> dict[str, dict]:
+    """:data:`CHART_OVERLAPS_JS` on the charts ``chart_ids``: per chart, the text boxes found
+    (``parts``), the pairs that overlap (``overlaps``) and the plot area's share of the
+    chart's height (``plot_share``)."""
+    return page.evaluate(CHART_OVERLAPS_JS, chart_ids)
+
+
+#: The widths the screenshots and the overlap check use, px.
+CHECKED_WIDTHS = (1280, 1920)
+
+
+def assert_charts_clear(page: Page, chart_ids: list[str], *, timeout_s: float = 8.0) -> None:
+    """At each of :data:`CHECKED_WIDTHS`, the charts ``chart_ids`` are drawn with no two of
+    their titles, legends and tick-label groups overlapping, and each plot keeps at least
+    40% of its chart's height (labels do not take it over). Waits up to ``timeout_s`` per
+    width for the page to fit its charts after the resize; the viewport is put back."""
+    before = page.viewport_size
+    try:
+        for width in CHECKED_WIDTHS:
+            page.set_viewport_size({"width": width, "height": VIEWPORT["height"]})
+            deadline = time.monotonic() + timeout_s
+            while True:
+                got = chart_overlaps(page, chart_ids)
+                bad = {
+                    k: v for k, v in got.items() if v.get("missing") or v["overlaps"] or (v["plot_share"] or 0) < 0.4
+                }
+                if not bad:
+                    break
+                assert time.monotonic() < deadline, f"at {width} px: {bad}"
+                page.wait_for_timeout(250)
+    finally:
+        page.set_viewport_size(before)
+
+
 def _trace_names(page: Page, div_id: str) -> list[str]:
     return page.evaluate(f"(document.getElementById('{div_id}').data || []).map((t) => t.name)")
 

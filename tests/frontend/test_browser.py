@@ -27,6 +27,7 @@ from tests.frontend.support import (
     _request,
     _screenshot,
     _trace_names,
+    assert_charts_clear,
     submit_and_finish,
 )
 
@@ -149,6 +150,8 @@ def test_sweep_from_form_live_charts_and_recommendation(
     okabe_ito = {"#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#000000", "#F0E442", "#8C8C8C"}
     colors = page.evaluate("document.getElementById('sweep-chart-memory').data.map((t) => t.line.color)")
     assert set(colors) <= okabe_ito, colors
+    # No title, legend or label runs into another, at the widths the screenshots use (issue 23).
+    assert_charts_clear(page, list(CHARTS.values()))
 
     # The runs table lists every experiment of the sweep.
     code, results = _get_json(f"{app_url}/api/sweeps/{sweep_id}/results")
@@ -278,6 +281,10 @@ def test_run_experiment_and_watch_it(
     assert code == 200 and steps["count"] == 10
     assert [s["step"] for s in steps["data"]] == list(range(1, 11))
     assert [s["extra"]["pass"] for s in steps["data"]] == ["memory"] * 6 + ["timed"] * 4
+    # Each step axis spans the steps its chart draws: memory ends with the memory pass (issue 23).
+    assert page.evaluate("document.getElementById('chart-memory').layout.xaxis.range[1]") == 6.5
+    assert page.evaluate("document.getElementById('chart-time').layout.xaxis.range[1]") == 10.5
+    assert_charts_clear(page, ["chart-memory", "chart-time"])
 
     expect(page.locator("#exp-summary")).to_contain_text("Activation memory")
     expect(page.locator("#exp-env")).to_contain_text("PyTorch")
