@@ -234,11 +234,14 @@ def chart_overlaps(page: Page, chart_ids: list[str]) -> dict[str, dict]:
 CHECKED_WIDTHS = (1280, 1920)
 
 
-def assert_charts_clear(page: Page, chart_ids: list[str], *, timeout_s: float = 8.0) -> None:
+def assert_charts_clear(
+    page: Page, chart_ids: list[str], *, screenshot: str | None = None, timeout_s: float = 8.0
+) -> None:
     """At each of :data:`CHECKED_WIDTHS`, the charts ``chart_ids`` are drawn with no two of
     their titles, legends and tick-label groups overlapping, and each plot keeps at least
     40% of its chart's height (labels do not take it over). Waits up to ``timeout_s`` per
-    width for the page to fit its charts after the resize; the viewport is put back."""
+    width for the page to fit its charts after the resize, then saves the page as
+    ``<screenshot>-<width>.png`` when ``screenshot`` is given; the viewport is put back."""
     before = page.viewport_size
     try:
         for width in CHECKED_WIDTHS:
@@ -253,6 +256,8 @@ def assert_charts_clear(page: Page, chart_ids: list[str], *, timeout_s: float = 
                     break
                 assert time.monotonic() < deadline, f"at {width} px: {bad}"
                 page.wait_for_timeout(250)
+            if screenshot:
+                _screenshot(page, f"{screenshot}-{width}.png")
     finally:
         page.set_viewport_size(before)
 

@@ -151,7 +151,7 @@ def test_sweep_from_form_live_charts_and_recommendation(
     colors = page.evaluate("document.getElementById('sweep-chart-memory').data.map((t) => t.line.color)")
     assert set(colors) <= okabe_ito, colors
     # No title, legend or label runs into another, at the widths the screenshots use (issue 23).
-    assert_charts_clear(page, list(CHARTS.values()))
+    assert_charts_clear(page, list(CHARTS.values()), screenshot="sweep")
 
     # The runs table lists every experiment of the sweep.
     code, results = _get_json(f"{app_url}/api/sweeps/{sweep_id}/results")
@@ -284,7 +284,7 @@ def test_run_experiment_and_watch_it(
     # Each step axis spans the steps its chart draws: memory ends with the memory pass (issue 23).
     assert page.evaluate("document.getElementById('chart-memory').layout.xaxis.range[1]") == 6.5
     assert page.evaluate("document.getElementById('chart-time').layout.xaxis.range[1]") == 10.5
-    assert_charts_clear(page, ["chart-memory", "chart-time"])
+    assert_charts_clear(page, ["chart-memory", "chart-time"], screenshot="experiment")
 
     expect(page.locator("#exp-summary")).to_contain_text("Activation memory")
     expect(page.locator("#exp-env")).to_contain_text("PyTorch")
