@@ -6,9 +6,11 @@ finds the peak without checkpointing and the smallest peak ``auto`` can reach, t
 ``auto`` at 6 budgets from just above the smallest to above the un-checkpointed peak. For
 each budget it also runs every ``sequential`` split and ``per_block`` and keeps those whose
 measured peak fits. Memory is exact (CPU: the live-tensor tracker), the same in every
-round. Step times: each configuration of a budget runs once per round, in rotating order,
-and its overhead against ``none`` is the ratio of medians within the round; the table gives
-the median over rounds (the machine is shared: differences inside the spread are noise).
+round. Step times: every run is timed paired (issue 19: each timed step beside a step of an
+un-checkpointed copy in the same process, rotating order), so its overhead against ``none``
+is the median of its per-step CPU-time ratios, a load burst cancelling in each ratio; each
+configuration runs once per round and the table gives the median over rounds and the range
+(the machine is shared: differences inside the spread are noise).
 
 Usage: python bench/bench_auto.py [--rounds N] [--quick]
 Prints a Markdown table.
@@ -26,6 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from ckptlab.explain import format_bytes  # noqa: E402
 from ckptlab.planner import sequential_segments  # noqa: E402
 from ckptlab.spec import ExperimentSpec  # noqa: E402
+from ckptlab.stats import paired_ratio_ci  # noqa: E402
+from ckptlab.summary import RunSummary  # noqa: E402
 from worker.engine import run_experiment  # noqa: E402
 from worker.errors import RunError  # noqa: E402
 
@@ -62,6 +66,14 @@ def smallest_peak(model: dict, batch: int) -> int:
     return fixed + 1
 
 
+def paired_overhead(result: dict) -> float:
+    """A run's overhead over its paired un-checkpointed copy, as a fraction (0.12 = +12%)."""
+    rounds = RunSummary.model_validate(result).paired_rounds()
+    if rounds is None:
+        raise SystemExit(f"run not paired: {result.get('pairing_skipped')}")
+    return paired_ratio_ci(rounds[0], rounds[1]).estimate_pct / 100
+
+
 def pct(ratios: dict[str, list[float]], key: str) -> str:
     """Median overhead over rounds and its range, e.g. ``+12% [+8, +15]``."""
     values = ratios.get(key)
@@ -79,7 +91,7 @@ def main() -> None:
     print(
         "| model | budget | auto: predicted / measured peak (error) | fits | auto recomputes (blocks) "
         "| best uniform sequential that fits | per_block peak | step time vs none: auto / best sequential "
-        "/ per_block (median of rounds) |"
+        "/ per_block (paired CPU time, median of rounds [min, max]) |"
     )
     print("|---|---|---|---|---|---|---|---|")
     for name, (model, batch) in MODELS.items():
@@ -106,17 +118,15 @@ def main() -> None:
                 if s["peak_allocated_bytes"] <= budget
             }
             best_k = min(fits, key=fits.get) if fits else None
-            variants = {"auto": spec(model, batch, strategy="auto", budget_bytes=budget), "none": spec(model, batch)}
+            variants = {"auto": spec(model, batch, strategy="auto", budget_bytes=budget)}
             if best_k is not None:
                 variants["sequential"] = spec(model, batch, strategy="sequential", segments=best_k)
             variants["per_block"] = spec(model, batch, strategy="per_block")
-            ratios: dict[str, list[float]] = {k: [] for k in variants if k != "none"}
+            ratios: dict[str, list[float]] = {k: [] for k in variants}
             order = list(variants)
             for r in range(rounds):
-                turn = order[r % len(order) :] + order[: r % len(order)]
-                times = {k: run_experiment(variants[k])["step_time_ms"] for k in turn}
-                for k in ratios:
-                    ratios[k].append(times[k] / times["none"] - 1)
+                for k in order[r % len(order) :] + order[: r % len(order)]:
+                    ratios[k].append(paired_overhead(run_experiment(variants[k])))
 
             predicted, measured = plan["predicted_peak_bytes"], plan["peak_allocated_bytes"]
             ckpt = plan["plan"]["checkpointed_blocks"]
