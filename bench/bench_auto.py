@@ -26,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from ckptlab.explain import format_bytes  # noqa: E402
-from ckptlab.planner import sequential_segments  # noqa: E402
+from ckptlab.planner import BlockProfile, pooled_forward_times, recompute_ms, sequential_segments  # noqa: E402
 from ckptlab.spec import ExperimentSpec  # noqa: E402
 from ckptlab.stats import paired_ratio_ci  # noqa: E402
 from ckptlab.summary import RunSummary  # noqa: E402
@@ -106,14 +106,11 @@ def main() -> None:
         for f in fractions:
             budget = int(low + (top - low) * f) + 1
             plan = run_experiment(spec(model, batch, strategy="auto", budget_bytes=budget))
-            blocks = plan["plan"]["blocks"]
+            # The uniform splits' recomputation from the same profile, timed as auto's planner
+            # times it (identical blocks at their median forward time).
+            blocks = pooled_forward_times([BlockProfile(**b) for b in plan["plan"]["blocks"]])
             fits = {
-                k: sum(
-                    blocks[i]["forward_ms"]
-                    for seg in sequential_segments(depth, k)
-                    if seg.checkpointed
-                    for i in range(seg.start, seg.end)
-                )
+                k: recompute_ms(blocks, sequential_segments(depth, k))
                 for k, s in uniform.items()
                 if s["peak_allocated_bytes"] <= budget
             }

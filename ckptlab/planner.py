@@ -32,15 +32,25 @@ the batch, the stem's activations; Rotor's model, each block's temporaries measu
 - Predicted peak = ``max(F + max(every term above), floor)``; the floor (the optimizer
   step's own peak, the stem's backward) is the same under every plan.
 
+Time: blocks that are the same computation (every measured byte count equal, as the layers
+of a transformer or the blocks of a ResNet stage) take the median of their measured forward
+times (:func:`pooled_forward_times`): one timed forward each on a busy host differs by noise
+alone, and the program would otherwise trade recomputing one block for another on that
+noise. Among plans of equal recomputation time the one with the fewest checkpointed segments
+wins: each ``checkpoint`` call costs a little beyond its recomputation (measured on the
+bench's ResNet generator, 4 blocks recomputed as 3 checkpoints: +24% step time against +20%
+as one; docs/benchmarks.md), a cost this model does not count.
+
 Pure Python, no torch: the engine profiles, this module decides.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from functools import cache
 
 __all__ = [
@@ -50,6 +60,7 @@ __all__ = [
     "predict_peak",
     "kept_after_forward",
     "recompute_ms",
+    "pooled_forward_times",
     "plan_chain",
     "smallest_peak_plan",
     "sequential_segments",
@@ -223,6 +234,22 @@ def recompute_ms(blocks: Sequence[BlockProfile], segments: Sequence[Segment]) ->
     return sum(b.forward_ms for s in segments if s.checkpointed for b in blocks[s.start : s.end])
 
 
+def pooled_forward_times(blocks: Sequence[BlockProfile]) -> list[BlockProfile]:
+    """``blocks`` with each group of identical blocks (every field but ``forward_ms`` equal)
+    given the median of the group's forward times, ms; other blocks unchanged. A block's
+    forward is timed once in the profile step, and identical blocks differ there by noise
+    only (see the module docstring)."""
+    key_fields = [f.name for f in fields(BlockProfile) if f.name != "forward_ms"]
+    groups: dict[tuple, list[float]] = {}
+    for b in blocks:
+        groups.setdefault(tuple(getattr(b, k) for k in key_fields), []).append(b.forward_ms)
+    return [replace(b, forward_ms=statistics.median(groups[tuple(getattr(b, k) for k in key_fields)])) for b in blocks]
+
+
+def _checkpoints(segments: Sequence[Segment]) -> int:
+    return sum(s.checkpointed for s in segments)
+
+
 def sequential_segments(n: int, segments: int) -> tuple[Segment, ...]:
     """The split of ``torch.utils.checkpoint.checkpoint_sequential(functions, segments)``:
     ``n // segments`` blocks per segment, the first ``segments - 1`` checkpointed, the rest
@@ -268,7 +295,7 @@ def _solve(
     blocks: Sequence[BlockProfile], limit: int, unit: int, head: int = 0, backward: int = 0, ckpt: int = 0
 ) -> tuple[Segment, ...] | None:
     """Segments with the least recomputation whose activation peak (:func:`_activation_peak`)
-    is at most ``limit``.
+    is at most ``limit``; on equal recomputation, the fewest checkpointed segments.
 
     Dynamic program ``f(i, m)``: least recomputation for blocks ``i..n-1`` when the blocks
     before ``i`` keep ``m`` units of ``unit`` bytes (rounded up, so a found plan is
@@ -291,18 +318,21 @@ def _solve(
     def units(nbytes: int) -> int:
         return -(-nbytes // unit)
 
+    def better(cost: float, calls: int, best: tuple[float, int, tuple[Segment, ...]] | None) -> bool:
+        return best is None or cost < best[0] - 1e-9 or (cost <= best[0] + 1e-9 and calls < best[1])
+
     @cache
-    def f(i: int, m: int) -> tuple[float, tuple[Segment, ...]] | None:
+    def f(i: int, m: int) -> tuple[float, int, tuple[Segment, ...]] | None:
         if i == n:
-            return (0.0, ()) if m + units(head) <= budget_units else None
-        best: tuple[float, tuple[Segment, ...]] | None = None
+            return (0.0, 0, ()) if m + units(head) <= budget_units else None
+        best: tuple[float, int, tuple[Segment, ...]] | None = None
         # block i run normally: it keeps its activations (also during its backward)
         kept = units(blocks[i].retained_bytes)
         holds = max(units(blocks[i].forward_bytes), units(_backward_extra(blocks, i, grads_after) + backward))
         if m + kept + holds <= budget_units:
             rest = f(i + 1, m + kept)
             if rest is not None:
-                best = (rest[0], (Segment(i, i + 1, False), *rest[1]))
+                best = (rest[0], rest[1], (Segment(i, i + 1, False), *rest[2]))
         worst = 0  # the most a block of the segment [i, j) holds in backward, above m
         forward_worst = 0  # the most a block's forward holds above m, recomputation aside
         for j in range(i + 1, n + 1):
@@ -319,8 +349,8 @@ def _solve(
             if rest is None:
                 continue
             cost = times[j] - times[i] + rest[0]
-            if best is None or cost < best[0] - 1e-12:
-                best = (cost, (Segment(i, j, True), *rest[1]))
+            if better(cost, rest[1] + 1, best):
+                best = (cost, rest[1] + 1, (Segment(i, j, True), *rest[2]))
         return best
 
     depth = sys.getrecursionlimit()
@@ -330,7 +360,7 @@ def _solve(
     finally:
         sys.setrecursionlimit(depth)
         f.cache_clear()
-    return None if found is None else _merge(found[1])
+    return None if found is None else _merge(found[2])
 
 
 def _merge(segments: Sequence[Segment]) -> tuple[Segment, ...]:
@@ -384,6 +414,7 @@ def plan_chain(
     """
     if not blocks:
         raise ValueError("a chain needs at least one block")
+    blocks = pooled_forward_times(blocks)
     extra = {"head": head_bytes, "bwd": backward_bytes, "ckpt": checkpoint_bytes}
     model = (head_bytes, backward_bytes, checkpoint_bytes)
     limit = budget_bytes - fixed_bytes - calibration_bytes
@@ -405,7 +436,15 @@ def plan_chain(
             if _activation_peak(blocks, segs, *model) <= limit
         ]
         if fitting:
-            return min(fitting, key=lambda p: (p.recompute_ms, p.predicted_peak_bytes, len(p.checkpointed_blocks)))
+            return min(
+                fitting,
+                key=lambda p: (
+                    round(p.recompute_ms, 6),
+                    _checkpoints(p.segments),
+                    p.predicted_peak_bytes,
+                    len(p.checkpointed_blocks),
+                ),
+            )
     raise NoPlanFits(
         smallest_peak_plan(
             blocks,
@@ -434,6 +473,7 @@ def smallest_peak_plan(
     Bisection on the activation limit with :func:`plan_chain`'s program (feasibility is
     monotone in the limit), to 1/1024 of the un-checkpointed activation peak.
     """
+    blocks = pooled_forward_times(blocks)
     n = len(blocks)
     model = (head_bytes, backward_bytes, checkpoint_bytes)
     hi = _activation_peak(blocks, (Segment(0, n, False),), *model)
