@@ -5,10 +5,12 @@ For each model (the bench_auto models) it runs ``none`` and ``per_block`` (eager
 ``compile_budget`` at 1.0 / 0.5 / 0.1 / 0.0. Memory: the eager runs are the exact tracker's,
 the compiled ones the CPU allocator's (profiler memory events: the tracker cannot watch
 compiled code; both agree to the byte on eager code, tests/worker/test_allocator_probe.py).
-Step times: each configuration runs once per round, in rotating order; an eager run's
-overhead is its median step time over ``none``'s within the round, a compiled run's over
-``compile_budget`` 1.0's within the round (its own baseline: the compiler's speed-up is not
-the budget's cost); the table gives the median over rounds and the range.
+Step times: each configuration runs once per round, in rotating order. An eager run's
+overhead is paired (issue 19: each timed step beside a step of an un-checkpointed copy in
+the same process; the median of the per-step CPU-time ratios); a compiled run's is its
+median step CPU time over ``compile_budget`` 1.0's within the round (its own baseline: the
+compiler's speed-up is not the budget's cost; compiled runs are not paired). The table gives
+the median over rounds and the range.
 
 Usage: python bench/bench_compile.py [--rounds N]
 Prints a Markdown table.
@@ -29,7 +31,7 @@ from ckptlab.spec import ExperimentSpec  # noqa: E402
 from worker.engine import run_experiment  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_auto import BASE, MODELS  # noqa: E402
+from bench_auto import BASE, MODELS, paired_overhead  # noqa: E402
 
 BUDGETS = (1.0, 0.5, 0.1, 0.0)
 
@@ -47,7 +49,7 @@ def main() -> None:
     args = parser.parse_args()
     print(
         "| model | setting | peak | activations at end of forward | memory read from | step time vs its baseline "
-        "(median of rounds [min, max]) | compile (s, median) |"
+        "(CPU time, median of rounds [min, max]) | compile (s, median) |"
     )
     print("|---|---|---:|---:|---|---|---:|")
     for name, (model, batch) in MODELS.items():
@@ -63,13 +65,15 @@ def main() -> None:
             times = {}
             for k in turn:
                 s = run_experiment(variants[k])
-                summaries[k], times[k] = s, s["step_time_ms"]
+                summaries[k] = s
+                times[k] = statistics.median(s.get("step_cpu_ms") or [s["step_time_ms"]])
                 if s.get("compile_ms") is not None:
                     compile_s[k].append(s["compile_ms"] / 1e3)
+                if k == "per_block":
+                    ratios[k].append(paired_overhead(s))
             for k in order:
-                base = "compile_budget 1.0" if k.startswith("compile_budget") else "none"
-                if k != base:
-                    ratios[k].append(times[k] / times[base] - 1)
+                if k.startswith("compile_budget") and k != "compile_budget 1.0":
+                    ratios[k].append(times[k] / times["compile_budget 1.0"] - 1)
         for k in order:
             s, v = summaries[k], ratios[k]
             against = "—" if not v else "compile 1.0" if k.startswith("compile") else "none"

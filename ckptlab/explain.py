@@ -87,8 +87,9 @@ def findings(spec: ExperimentSpec, summary: Mapping[str, Any]) -> list[dict[str,
 
     Args:
         spec: the run's spec.
-        summary: its summary; ``activation_bytes`` and ``reference_activation_bytes`` (from
-            the gradient check) decide the saving findings, ``device`` the offload one,
+        summary: its summary; ``activation_bytes`` less ``rng_state_bytes`` against
+            ``reference_activation_bytes`` (from the gradient check, which keeps no RNG
+            state) decides the saving findings, ``device`` the offload one,
             ``memory_growth_bytes_per_step`` (bytes) the memory-growth one.
     """
     out: list[dict[str, str]] = []
@@ -106,19 +107,24 @@ def findings(spec: ExperimentSpec, summary: Mapping[str, Any]) -> list[dict[str,
         label = strategy.label_for(ck.model_dump())
         add("sequential_equals_none", f"{label}: {FINDING_CODES['sequential_equals_none']}{advice}")
     act, ref = summary.get("activation_bytes"), summary.get("reference_activation_bytes")
+    rng = summary.get("rng_state_bytes") or 0
     if not baseline and act is not None and ref:
+        # The tensors the blocks keep, against the same without checkpointing; the RNG
+        # states each checkpoint adds are a cost of their own, said apart.
+        act -= rng
+        plus_rng = f", plus {format_bytes(rng)} of RNG states (preserve_rng_state)" if rng else ""
         margin = max(SAVING_THRESHOLD * ref, SAVING_FLOOR_BYTES)
         if act > ref + margin:
             add(
                 "checkpointing_keeps_more",
-                f"{FINDING_CODES['checkpointing_keeps_more']} ({format_bytes(act)} against "
+                f"{FINDING_CODES['checkpointing_keeps_more']} ({format_bytes(act)}{plus_rng}, against "
                 f"{format_bytes(ref)}): what it saves is larger than what the blocks would keep "
                 "(e.g. save_matmuls on Linear layers); choose another policy or strategy",
             )
         elif act >= ref - margin and not out:
             add(
                 "checkpointing_saves_nothing",
-                f"{FINDING_CODES['checkpointing_saves_nothing']} ({format_bytes(act)} against "
+                f"{FINDING_CODES['checkpointing_saves_nothing']} ({format_bytes(act)}{plus_rng}, against "
                 f"{format_bytes(ref)}): each checkpointed block keeps as much as its input "
                 "(e.g. Linear -> ReLU); checkpoint larger segments",
             )

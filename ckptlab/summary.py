@@ -65,6 +65,11 @@ class RunSummary(BaseModel):
     torch_version: str | None = None
     # Memory (bytes).
     activation_bytes: int | None = Field(None, description="live bytes a forward leaves (median over steps)")
+    rng_state_bytes: int | None = Field(
+        None,
+        description="of activation_bytes, the RNG states the checkpoints keep with preserve_rng_state "
+        "(CPU: 5,056 B each; 0 on CUDA, where they are host memory outside the allocator's figures)",
+    )
     peak_allocated_bytes: int | None = None
     recompute_peak_bytes: int | None = None
     reserved_bytes: int | None = Field(None, description="CUDA caching allocator's reserved bytes (max)")

@@ -152,7 +152,10 @@ def plan_for_budget(spec: ExperimentSpec, dev: torch.device, build: Callable[[],
             )
         step = _profile_step(spec, dev, meter, built)
     state = storage_bytes(optimizer_tensors(step.optimizer))
-    profiles, model, tail_peak = _memory_model(spec, step, state)
+    # What each checkpoint's RNG state adds where the meter counts it (issue 19: the CPU
+    # tracker counts torch.get_rng_state()'s tensors; CUDA's allocator never holds them).
+    rng_bytes = torch.get_rng_state().nbytes if meter.exact and spec.checkpoint.preserve_rng_state else 0
+    profiles, model, tail_peak = _memory_model(spec, step, state, rng_bytes)
     fixed = model["fixed_bytes"]
     opt_peak = step.optimizer_peak_bytes
     # No plan goes under the optimizer step's peak or the tail's (the stem's backward, after
@@ -197,7 +200,7 @@ def plan_for_budget(spec: ExperimentSpec, dev: torch.device, build: Callable[[],
 
 
 def _memory_model(
-    spec: ExperimentSpec, step: _ProfileStep, state: int
+    spec: ExperimentSpec, step: _ProfileStep, state: int, rng_state_bytes: int = 0
 ) -> tuple[list[BlockProfile], dict[str, int], int]:
     """The planner's memory model from the profile step (bytes; ``state``: the optimizer
     state, which the profile step did not have while it ran): the block profiles, the
@@ -214,7 +217,10 @@ def _memory_model(
     - ``backward_bytes``: what the part after the blocks leaves alive while the blocks run
       backward (its parameters' gradients, the output and loss the caller holds): live bytes
       when the gradient of the last block's output arrives, less the fixed bytes, every
-      block's kept bytes and that gradient. (Counting every gradient outside the blocks
+      block's kept bytes and that gradient;
+    - ``checkpoint_bytes``: ``rng_state_bytes``, the RNG state each checkpoint keeps with
+      ``preserve_rng_state`` where the meter counts it (the CPU tracker; a CUDA run's
+      states are host memory, outside the device allocator's figures). (Counting every gradient outside the blocks
       instead, the stem's included, which only exist once the blocks' backward is over,
       over-predicted the MLP 16x256 by 237 KiB, 1.2%: issue 21.)
 
@@ -240,12 +246,7 @@ def _memory_model(
         "fixed_bytes": fixed,
         "head_bytes": head,
         "backward_bytes": max(after_blocks, 0),
-        # The RNG state a checkpoint keeps with ``preserve_rng_state`` (5,056 B on CPU,
-        # ``torch.get_rng_state()``; the CUDA generator's state is a CPU tensor too) is made
-        # outside the dispatcher and off the device: neither the tracker nor the allocator
-        # counts it, so a plan's measured peak does not include it (planned with it, the
-        # prediction was 5,056 B high per checkpoint: +0.8% on the ResNet generator, per_block).
-        "checkpoint_bytes": 0,
+        "checkpoint_bytes": rng_state_bytes,
     }
     return profiles, model, tail
 

@@ -40,7 +40,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_leaves
 
-from ckptlab.planner import BlockProfile
+from ckptlab.chain import BlockProfile
 from worker.errors import RunError
 from worker.meter import Meter, storage_bytes
 from worker.strategies import first_tensor
@@ -54,7 +54,7 @@ def tensor_bytes(value: Any) -> int:
 
 
 class BlockRecorder:
-    """Records a :class:`ckptlab.planner.BlockProfile` per block of ``blocks`` over one step.
+    """Records a :class:`ckptlab.chain.BlockProfile` per block of ``blocks`` over one step.
 
     Args:
         blocks: the chain's blocks.

@@ -107,6 +107,13 @@ class Meter:
         """The context a measured step runs in (the tracker's dispatch mode on CPU)."""
         return contextlib.nullcontext() if self.cuda else self.probe  # type: ignore[return-value]
 
+    @property
+    def rng_state_bytes(self) -> int:
+        """Bytes of live RNG states among the readings: the CPU tracker's count of the states
+        ``checkpoint(preserve_rng_state=True)`` keeps (issue 19); 0 where the readings do not
+        hold them (CUDA: host memory) or cannot tell them apart (the CPU allocator probe)."""
+        return self.probe.rng_state_bytes if self.exact else 0
+
     def sync(self) -> None:
         """Wait for the device (``torch.cuda.synchronize`` on CUDA)."""
         if self.cuda:

@@ -193,6 +193,7 @@ class RunContext:
             "device": str(dev),
             "device_name": env["device_name"] if cuda else "cpu",
             "activation_bytes": int(_median([r["extra"]["activation_bytes"] for r in measured])),
+            "rng_state_bytes": int(_median([r["extra"].get("rng_state_bytes", 0) for r in measured])),
             "peak_allocated_bytes": peak_rec["peak_allocated_bytes"],
             "recompute_peak_bytes": max(r["extra"]["recompute_peak_bytes"] for r in measured),
             **_timing(timed or measured, pass_name="timed" if timed else "memory"),
@@ -294,6 +295,7 @@ class RunContext:
             meter.sync()
             probe.reset_peak()
             before = probe.live_bytes
+            rng_before = meter.rng_state_bytes
             where["phase"] = "forward"
             meter.set_category(MemoryCategory.ACTIVATIONS)
             t0 = time.perf_counter()
@@ -307,6 +309,7 @@ class RunContext:
                 first = {
                     "allocated": live,
                     "activation_bytes": live - before,
+                    "rng_state_bytes": meter.rng_state_bytes - rng_before,
                     "at_forward_end": meter.breakdown(params, opt, live, live - before, peak=False),
                 }
             where["phase"] = "backward"
@@ -346,6 +349,7 @@ class RunContext:
             loss=loss_total,
             extra={
                 "activation_bytes": first["activation_bytes"],
+                "rng_state_bytes": first["rng_state_bytes"],
                 "forward_peak_bytes": peaks["forward"],
                 "backward_peak_bytes": peaks["backward"],
                 "optimizer_peak_bytes": peaks["optimizer"],

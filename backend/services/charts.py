@@ -3,7 +3,7 @@
 - ``memory_vs_segments``: activation and peak bytes against ``checkpoint.segments``, one
   line per combination of the other axes, with the expected activation bytes per segment
   count computed from each baseline's own blocks (its ``block_profile``: what each block
-  keeps and passes on; :func:`ckptlab.planner.kept_after_forward`), after Chen et al.
+  keeps and passes on; :func:`ckptlab.chain.kept_after_forward`), after Chen et al.
   2016's segment law but without its uniform-block assumption (issue 23: for the
   transformer that law predicted no saving at 8 segments); no curve for a baseline without
   a profile, and the title says so.
@@ -24,9 +24,9 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from backend.services.sweeps import SweepRow, sweep_rows
+from ckptlab.chain import BlockProfile, kept_after_forward, sequential_segments
 from ckptlab.db.models import Sweep
 from ckptlab.domain import Status
-from ckptlab.planner import BlockProfile, kept_after_forward, sequential_segments
 from ckptlab.strategies import STRATEGIES
 from ckptlab.summary import RunSummary
 from ckptlab.sweeps import axis_label, get_path
@@ -133,7 +133,7 @@ def _memory_vs_segments(sweep: Sweep, rows: Sequence[SweepRow], specs: Mapping[i
         top = max([seg[r.experiment_id] for g in curves.values() for r in g if r.baseline_id == base.experiment_id])
         ns = list(range(1, min(len(profile), max(top, 1)) + 1))
         # What the baseline kept beyond its blocks (stem, head, loss) stays; the blocks keep
-        # what the split leaves them (ckptlab.planner.kept_after_forward).
+        # what the split leaves them (ckptlab.chain.kept_after_forward).
         outside = base.metrics["activation_bytes"] - sum(b.retained_bytes for b in profile)
         group = axis_label(base.group)
         fig.add_trace(

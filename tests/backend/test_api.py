@@ -85,7 +85,9 @@ def test_worker_completes_submitted_experiment(client, worker_process):
     plain, seq = wait_for(finished, timeout=120, interval=0.25)
     assert plain["status"] == seq["status"] == "succeeded", (plain["error"], seq["error"])
     assert plain["worker_id"] and plain["started_at"] and plain["finished_at"]
-    assert seq["summary"]["activation_bytes"] < plain["summary"]["activation_bytes"]
+    # The tensors kept (each checkpoint's 5 KiB RNG state aside: issue 19) are fewer.
+    kept = seq["summary"]["activation_bytes"] - seq["summary"]["rng_state_bytes"]
+    assert seq["summary"]["rng_state_bytes"] > 0 and kept < plain["summary"]["activation_bytes"]
 
     steps = client.get(f"/api/experiments/{ids[0]}/steps").json()
     assert steps["count"] == 5

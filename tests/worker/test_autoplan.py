@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from ckptlab.planner import sequential_segments
+from ckptlab.planner import BlockProfile, pooled_forward_times, recompute_ms, sequential_segments
 from ckptlab.spec import ExperimentSpec
 from tests.factories import make_spec
 from worker.engine import run_experiment
@@ -53,18 +53,22 @@ def test_the_measured_peak_stays_under_every_budget_and_the_prediction_is_close(
             assert s["plan"]["checkpointed_blocks"] == []
 
 
+def planned_times(summary: dict) -> list[BlockProfile]:
+    """The run's block profiles timed as its planner timed them (identical blocks at their
+    median forward time: ckptlab.planner.pooled_forward_times)."""
+    return pooled_forward_times([BlockProfile(**b) for b in summary["plan"]["blocks"]])
+
+
 def test_the_plan_recomputes_no_more_than_the_best_uniform_split_that_fits():
     smallest, none = smallest_and_none_peaks("transformer")
     s = run_experiment(auto("transformer", (smallest + none) // 2))
-    blocks = s["plan"]["blocks"]
+    blocks = planned_times(s)
     n = len(blocks)
     fits = []
     for k in range(1, n + 1):
-        segs = sequential_segments(n, k)
         spec = make_spec(**MODELS["transformer"], **{"checkpoint.strategy": "sequential", "checkpoint.segments": k})
         if run_experiment(spec)["peak_allocated_bytes"] <= s["budget_bytes"]:
-            ranges = [range(seg.start, seg.end) for seg in segs if seg.checkpointed]
-            fits.append(sum(blocks[i]["forward_ms"] for r in ranges for i in r))
+            fits.append(recompute_ms(blocks, sequential_segments(n, k)))
     assert fits, "no uniform split fits: pick a larger budget"
     assert s["plan"]["recompute_ms"] <= min(fits) + 1e-9
 
@@ -87,11 +91,10 @@ def test_at_the_smallest_budgets_the_plan_recomputes_no_more_than_any_uniform_sp
         measured, predicted = s["peak_allocated_bytes"], s["predicted_peak_bytes"]
         assert measured <= budget
         assert measured <= predicted <= measured * 1.05, (budget, predicted, measured)
-        blocks = s["plan"]["blocks"]
+        blocks = planned_times(s)
         for k, peak in uniform.items():
             if peak <= budget:
-                ranges = [range(seg.start, seg.end) for seg in sequential_segments(n, k) if seg.checkpointed]
-                cost = sum(blocks[i]["forward_ms"] for r in ranges for i in r)
+                cost = recompute_ms(blocks, sequential_segments(n, k))
                 assert s["plan"]["recompute_ms"] <= cost + 1e-9, (budget, k, s["plan"]["checkpointed_blocks"])
 
 
