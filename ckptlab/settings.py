@@ -50,6 +50,14 @@ class Settings(BaseSettings):
         worker_cpu_threads: torch threads per CPU slot of a worker
             (``CKPTLAB_WORKER_CPU_THREADS``; ``ckptlab worker --cpu-threads``). Default: the
             host's cores split between the CPU slots, ``max(1, cpu_count // cpu_slots)``.
+        timing_cpu_threads: torch threads of a CPU run's timing pass
+            (``CKPTLAB_TIMING_CPU_THREADS``; 0: the run's own). Default 1, as
+            ``torch.utils.benchmark.Timer``'s ``num_threads``: OpenMP threads that wait at a
+            barrier for a sibling the scheduler preempted make multi-threaded step times a
+            lottery on a busy host; with two threads per run, paired timing found a +36%
+            recomputation overhead in 1 run of 3, with one in 10 of 10 (issue 19,
+            docs/benchmarks.md). The memory pass keeps the run's threads (bytes do not
+            depend on them).
         shutdown_grace_s: on SIGTERM / SIGINT a worker lets its running experiments finish for
             this many seconds, then kills and requeues them (``CKPTLAB_SHUTDOWN_GRACE_S``,
             default 30).
@@ -117,6 +125,7 @@ class Settings(BaseSettings):
     max_attempts: int = Field(3, ge=1)
     shutdown_grace_s: float = Field(30.0, ge=0)
     worker_cpu_threads: int | None = Field(None, ge=1)
+    timing_cpu_threads: int = Field(1, ge=0, le=1024)
     api_token: SecretStr | None = None
     cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
     allowed_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list)

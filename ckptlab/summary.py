@@ -102,6 +102,9 @@ class RunSummary(BaseModel):
     )
     paired_baseline_cpu_ms: list[float] = Field(default_factory=list, description="its CPU times, ms")
     pairing_skipped: str | None = Field(None, description="why the timing pass was not paired")
+    timing_threads: int | None = Field(
+        None, description="torch threads the CPU timing pass ran on (setting timing_cpu_threads, default 1)"
+    )
     compile_ms: float | None = Field(None, description="torch.compile's warm-up step, apart from the step times")
     # The model and its gradients.
     param_count: int | None = None

@@ -14,6 +14,7 @@ import torch
 
 from ckptlab.domain import MemoryCategory
 from ckptlab.progress import STEPS_PLANNED, steps_planned
+from ckptlab.settings import get_settings
 from ckptlab.spec import ExperimentSpec
 from ckptlab.stats import describe
 from ckptlab.strategies import BASELINE, get_strategy
@@ -66,6 +67,7 @@ class RunContext:
         self.compile_ms: float | None = None
         self.paired: list[dict[str, Any]] = []  # the un-checkpointed copy's timed steps, round by round
         self.pairing_skipped: str | None = None
+        self.timing_threads: int | None = None  # torch threads of the timing pass (CPU)
         self._build: Callable[[], Built] | None = None
 
     def build(self, build: Callable[[], Built] | None, ranges: list[tuple[int, int]] | None = None) -> None:
@@ -138,7 +140,21 @@ class RunContext:
         take one optimizer step back to back, in alternating order, without memory
         instrumentation; the copy's step times go to ``paired_baseline_step_times_ms``
         (issue 19: a load burst then hits both sides of a round alike). Unpaired: the
-        steps are instrumented on CUDA (free there) and wall times only on CPU."""
+        steps are instrumented on CUDA (free there) and wall times only on CPU.
+
+        On CPU the pass runs on ``timing_cpu_threads`` torch threads (setting, default 1:
+        steady step times on a busy host; ``timing_threads`` in the summary)."""
+        threads = 0 if self.meter.cuda else get_settings().timing_cpu_threads
+        before = torch.get_num_threads()
+        if threads:
+            torch.set_num_threads(threads)
+        try:
+            self.timing_threads = torch.get_num_threads()
+            self._timed_rounds()
+        finally:
+            torch.set_num_threads(before)
+
+    def _timed_rounds(self) -> None:
         first = len(self.records) + 1
         base = self._paired_baseline()
         for i, step in enumerate(range(first, first + self.spec.timed_steps)):
@@ -222,6 +238,8 @@ class RunContext:
             summary["step_cpu_ms"] = [r["extra"]["cpu_ms"] for r in timed]
         if self.compile_ms is not None:
             summary["compile_ms"] = self.compile_ms
+        if timed and not cuda:
+            summary["timing_threads"] = self.timing_threads
         if cuda:
             summary["reserved_bytes"] = max(r["reserved_bytes"] for r in records)
             used = [r["extra"]["nvml_used_bytes"] for r in records if r["extra"]["nvml_used_bytes"] is not None]

@@ -3,7 +3,6 @@ un-checkpointed copy in the same process, so a busy host cannot fake or hide an 
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from ckptlab.spec import ExperimentSpec
@@ -33,21 +32,11 @@ def test_a_checkpointed_run_is_timed_in_rounds_with_an_uncheckpointed_copy():
         ).get(name)
 
 
-@pytest.fixture
-def one_thread():
-    """One torch thread, as a worker slot on a shared host should run (``--cpu-threads 1``):
-    OpenMP threads that wait for a preempted sibling make multi-threaded step times
-    unreadable under load (docs/benchmarks.md, "Paired timing")."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-def test_under_a_busy_host_identical_work_is_no_difference_and_a_real_overhead_is_found(cpu_load, one_thread):
+def test_under_a_busy_host_identical_work_is_no_difference_and_a_real_overhead_is_found(cpu_load):
     """With one spinning process per core: ``sequential`` 1 (the same work as ``none``) is
     no measurable difference, and per-block recomputation is a measurable overhead, in
-    each of 3 repeats, judged as the product judges them (the summary's paired rounds)."""
+    each of 3 repeats, judged as the product judges them (the summary's paired rounds), with
+    the product's own threads (the timing pass on one: setting timing_cpu_threads)."""
     for _ in range(3):
         same = RunSummary.load(_run(strategy="sequential", segments=1)).paired_rounds()
         interval = paired_ratio_ci(same[0], same[1])
@@ -55,3 +44,21 @@ def test_under_a_busy_host_identical_work_is_no_difference_and_a_real_overhead_i
         real = RunSummary.load(_run(strategy="per_block")).paired_rounds()
         interval = paired_ratio_ci(real[0], real[1])
         assert interval.measurable and interval.estimate_pct >= 15, interval
+
+
+def test_the_cpu_timing_pass_runs_on_one_thread_unless_told_otherwise(monkeypatch):
+    from ckptlab.settings import get_settings
+
+    before = torch.get_num_threads()
+    small = {"model.depth": 2, "model.width": 16, "timed_steps": 2, "verify_gradients": False}
+    run = lambda: run_experiment(ExperimentSpec.model_validate(spec_dict(**small)))  # noqa: E731
+    assert run()["timing_threads"] == 1
+    assert torch.get_num_threads() == before  # the run's own threads are given back
+    if before > 1:
+        monkeypatch.setenv("CKPTLAB_TIMING_CPU_THREADS", "0")  # 0: the run's own threads
+        get_settings.cache_clear()
+        try:
+            assert run()["timing_threads"] == before
+        finally:
+            monkeypatch.delenv("CKPTLAB_TIMING_CPU_THREADS")
+            get_settings.cache_clear()
