@@ -58,6 +58,7 @@ def main() -> None:
             variants[f"compile_budget {b}"] = spec(model, batch, strategy="compile_budget", activation_memory_budget=b)
         order = list(variants)
         summaries: dict[str, dict] = {}
+        peaks: dict[str, list[int]] = {k: [] for k in order}
         ratios: dict[str, list[float]] = {k: [] for k in order}
         compile_s: dict[str, list[float]] = {k: [] for k in order}
         for r in range(args.rounds):
@@ -66,6 +67,7 @@ def main() -> None:
             for k in turn:
                 s = run_experiment(variants[k])
                 summaries[k] = s
+                peaks[k].append(s["peak_allocated_bytes"])
                 times[k] = statistics.median(s.get("step_cpu_ms") or [s["step_time_ms"]])
                 if s.get("compile_ms") is not None:
                     compile_s[k].append(s["compile_ms"] / 1e3)
@@ -83,8 +85,13 @@ def main() -> None:
                 else "— (baseline)"
             )
             comp = f"{statistics.median(compile_s[k]):.1f}" if compile_s[k] else "—"
+            # The median round's peak; rounds that read otherwise are shown (the allocator
+            # probe has read impossible peaks, 0 B, in a loaded run: issue 21's note).
+            peak = int(statistics.median(peaks[k]))
+            odd = sorted({p for p in peaks[k] if p != peak})
+            shown = format_bytes(peak) + (f" (other rounds: {', '.join(format_bytes(p) for p in odd)})" if odd else "")
             print(
-                f"| {name} | {k} | {format_bytes(s['peak_allocated_bytes'])} | {format_bytes(s['activation_bytes'])} "
+                f"| {name} | {k} | {shown} | {format_bytes(s['activation_bytes'])} "
                 f"| {s.get('memory_source')} | {rel} | {comp} |",
                 flush=True,
             )

@@ -31,6 +31,7 @@ pass that follows is numbered on from the last memory step and runs all ``timed_
 from __future__ import annotations
 
 import copy
+import gc
 import math
 import warnings
 from collections.abc import Callable
@@ -118,6 +119,12 @@ def run_experiment(
             ranges = planned.ranges if planned is not None else None
             check = verify_gradients(spec, dev, build, ranges) if spec.verify_gradients else {}
             compiles = get_strategy(spec.checkpoint.strategy).compiles
+            if compiles:
+                # What an earlier compiled run of this process left (dynamo's caches, their
+                # buffers) is freed now, not inside this run's allocator readings: freed
+                # there, it read as negative bytes (peaks of 0 B in bench_compile's loop).
+                torch._dynamo.reset()
+                gc.collect()
             meter = Meter(dev, spec.memory_limit_bytes, allocator_events=compiles and dev.type == "cpu")
             summary = _measure(RunContext(spec, dev, meter, where, on_step), build, snapshot_path, ranges)
         except RunError as exc:
