@@ -7,7 +7,9 @@ block recomputed; about +30% per step on the MLP 32x512) on the MLP 32x512, batc
 20 timed steps each; every run's timed steps are paired rounds with an un-checkpointed
 copy in its process. The verdict is the product's: :meth:`ckptlab.summary.RunSummary.paired_rounds`
 (CPU time on CPU) judged by :func:`ckptlab.stats.paired_ratio_ci` with the default noise
-threshold. With ``--load``, one spinning process per core runs throughout.
+threshold. With ``--load``, one spinning process per core runs throughout. ``--threads``
+sets the run's torch threads (its memory pass); the timing pass runs on the product's
+``timing_cpu_threads`` (default 1) whatever it is.
 
 Usage: python bench/bench_paired.py [--repeats N] [--threads T] [--load]
 Prints a Markdown table row.
