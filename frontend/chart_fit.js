@@ -36,10 +36,20 @@ function clearance(gd) {
     }
   }
   // A y title (or a legend above the plot) that reaches into the chart title: more top margin.
+  const size = fl._size || fl.margin; // the margins as drawn, automargin's pushes included
   const title = union(gd, '.gtitle');
   if (title) {
     const above = union(gd, '[class^="g-y"][class$="title"] text, text[class^="y"][class$="title"], .legend .bg');
-    if (above && above.top < title.bottom + 2) update['margin.t'] = Math.ceil(fl.margin.t + 2 * (title.bottom + 2 - above.top));
+    if (above && above.top < title.bottom + 2) update['margin.t'] = Math.ceil(size.t + 2 * (title.bottom + 2 - above.top));
+  }
+  // The left y title that runs into its own tick labels (Plotly places it from the labels'
+  // measured width, which can come out a pixel or two short): a larger standoff moves it
+  // out of their way (automargin then widens the margin to hold it).
+  const ytitle = union(gd, '.g-ytitle text, text.ytitle');
+  const yticks = union(gd, '.ytick text');
+  if (ytitle && yticks && ytitle.right > yticks.left - 2 && ytitle.left < yticks.right) {
+    const standoff = (fl.yaxis && fl.yaxis.title && fl.yaxis.title.standoff) || 0;
+    update['yaxis.title.standoff'] = Math.ceil(standoff + (ytitle.right - yticks.left) + 6);
   }
   return update;
 }
@@ -74,10 +84,12 @@ export function keptFit(id, layout) {
   const gd = document.getElementById(id);
   const fit = gd && gd.ckptFit;
   if (!fit) return layout;
-  const out = { ...layout, margin: { ...(layout.margin || {}) }, legend: { ...(layout.legend || {}) } };
+  const out = JSON.parse(JSON.stringify(layout));
   for (const [path, value] of Object.entries(fit)) {
-    const [head, key] = path.split('.');
-    out[head][key] = value;
+    const keys = path.split('.');
+    let node = out;
+    for (const k of keys.slice(0, -1)) node = node[k] = { ...(node[k] || {}) };
+    node[keys[keys.length - 1]] = value;
   }
   return out;
 }

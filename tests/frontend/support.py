@@ -254,7 +254,9 @@ def assert_charts_clear(
                 }
                 if not bad:
                     break
-                assert time.monotonic() < deadline, f"at {width} px: {bad}"
+                if time.monotonic() > deadline:
+                    _screenshot(page, f"overlap-{width}.png")  # what the assertion saw
+                    raise AssertionError(f"at {width} px: {bad}")
                 page.wait_for_timeout(250)
             if screenshot:
                 _screenshot(page, f"{screenshot}-{width}.png")
