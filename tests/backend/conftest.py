@@ -119,7 +119,9 @@ def live_server_factory(settings: Settings) -> Iterator[Callable[..., str]]:
     def start(**overrides: Any) -> str:
         port = _free_port()
         app = create_app(Settings(**{**settings.model_dump(), **overrides}))
-        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+        # Open streams would hold a graceful shutdown for its whole wait: 1 s is plenty here.
+        config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=1)
+        server = uvicorn.Server(config)
         thread = threading.Thread(target=server.run, daemon=True)
         thread.start()
         servers.append((server, thread))

@@ -81,5 +81,5 @@ class APIWorkflow(schema.exclude(path_regex=r"/snapshot$").as_state_machine()):
         )
 
 
-APIWorkflow.TestCase.settings = settings(max_examples=4 * EXAMPLES, stateful_step_count=8, **HYPOTHESIS)
+APIWorkflow.TestCase.settings = settings(max_examples=3 * EXAMPLES, stateful_step_count=8, **HYPOTHESIS)
 TestAPIWorkflow = APIWorkflow.TestCase

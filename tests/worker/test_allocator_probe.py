@@ -70,17 +70,21 @@ def test_the_exact_tracker_counts_the_rng_state_each_checkpoint_keeps():
     (issue 19), so a checkpointed forward reads what the allocator holds."""
     x = torch.randn(32, 128)
     kept = {}
-    for preserve in (True, False):
-        for probe_type in (LiveTensorTracker, CpuAllocatorProbe):
-            gc.collect()  # no earlier test's garbage freed inside the window
-            with probe_type() as probe:
-                blocks = list(_mlp())  # made under the probe, as the engine makes its model
-                start = probe.live_bytes
-                h = x
-                for b in blocks:
-                    h = checkpoint(b, h, use_reentrant=False, preserve_rng_state=preserve)
-                kept[preserve, probe_type] = probe.live_bytes - start
-                del h
+    gc.collect()  # no earlier test's garbage, and no collection inside a window
+    gc.disable()
+    try:
+        for preserve in (True, False):
+            for probe_type in (LiveTensorTracker, CpuAllocatorProbe):
+                with probe_type() as probe:
+                    blocks = list(_mlp())  # made under the probe, as the engine makes its model
+                    start = probe.live_bytes
+                    h = x
+                    for b in blocks:
+                        h = checkpoint(b, h, use_reentrant=False, preserve_rng_state=preserve)
+                    kept[preserve, probe_type] = probe.live_bytes - start
+                    del h
+    finally:
+        gc.enable()
     state = torch.get_rng_state().nbytes
     assert kept[True, LiveTensorTracker] == kept[True, CpuAllocatorProbe]
     assert kept[True, LiveTensorTracker] - kept[False, LiveTensorTracker] == len(blocks) * state
