@@ -16,6 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ckptlab.spec import ExperimentSpec
+
 __all__ = [
     "RunProgress",
     "SweepEta",
@@ -103,7 +105,10 @@ def run_progress(
         return RunProgress(queue_position=queue_position)
     planned = (last_extra or {}).get(STEPS_PLANNED)
     if not isinstance(planned, int):
-        planned = steps_planned(int(spec.get("steps", 5)), int(spec.get("timed_steps", 20)))
+        fields = ExperimentSpec.model_fields  # a stored spec has both; these are its defaults
+        planned = steps_planned(
+            int(spec.get("steps", fields["steps"].default)), int(spec.get("timed_steps", fields["timed_steps"].default))
+        )
     if not last_step:
         return RunProgress(total_steps=planned, elapsed_s=elapsed_s)
     total = max(planned, last_step)
