@@ -28,6 +28,21 @@ def test_counts_an_allocation_and_its_free():
         assert probe.live_bytes == start
 
 
+def test_a_free_of_a_block_from_before_the_probe_is_not_counted():
+    """PyTorch's memory reporter remembers a block's size across profiling sessions, so a
+    later session reports its free; the probe counts only blocks allocated while entered."""
+    with CpuAllocatorProbe():
+        old = torch.empty(1000)  # allocated under an earlier session: its size is known
+    with CpuAllocatorProbe() as probe:
+        start = probe.live_bytes
+        new = torch.empty(500)
+        del old
+        assert probe.live_bytes - start == 2000
+        assert probe.peak_bytes - start == 2000
+        del new
+        assert probe.live_bytes == start
+
+
 def test_limit_is_checked_at_a_reading():
     with CpuAllocatorProbe(limit_bytes=1000) as probe:
         keep = torch.empty(1000)
