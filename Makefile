@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: up test install system-deps lint clean screenshots
+.PHONY: up test install system-deps lint clean screenshots bench-mlflow
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -33,6 +33,12 @@ test: install system-deps
 # writes its screenshots to a temporary folder instead.
 screenshots: install system-deps
 	CKPTLAB_SCREENSHOTS=$(CURDIR)/docs/screenshots $(BIN)/python -m pytest -m browser tests/frontend
+
+# MLflow for the ckptlab/MLflow benchmark only (bench/bench_vs_mlflow.py), in its own venv:
+# never a ckptlab dependency. Then: $(BIN)/python bench/run_all.py --mlflow-python .bench-mlflow/bin/python
+bench-mlflow:
+	test -x .bench-mlflow/bin/python || $(PYTHON) -m venv .bench-mlflow
+	.bench-mlflow/bin/python -m pip install -q "mlflow==3.17.2"
 
 lint: install
 	$(BIN)/ruff check .

@@ -6,8 +6,11 @@ Rows: timing-pass overhead (engine step against a bare step, CPU or CUDA), claim
 first step on a warm worker, step rows per second written through the batch writer
 (SQLite, and PostgreSQL when Debian's binaries are there), series latency at 1,000,000
 steps, stream latency (step commit to SSE client), sweep throughput with 1, 2 and 4
-workers. ``--quick`` (CI) uses fewer samples and smaller models, a 100,000-step series
-and 1 and 2 workers; the numbers in docs/benchmarks.md come from the full mode.
+workers. Then ckptlab beside MLflow (:mod:`bench_vs_mlflow`): ingest and cold/warm series
+reads at 10^4 to 10^7 steps, MLflow run in the Python given by ``--mlflow-python`` (one with
+``mlflow==3.17.2``: ``make bench-mlflow``), its columns "not run" without it. ``--quick``
+(CI) uses fewer samples and smaller models, a 100,000-step series, 1 and 2 workers and the
+comparison at 10^4 steps only; the numbers in docs/benchmarks.md come from the full mode.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ sys.path[:0] = [str(HERE), str(HERE.parent)]
 import bench_api  # noqa: E402
 import bench_overhead  # noqa: E402
 import bench_sweep  # noqa: E402
+import bench_vs_mlflow  # noqa: E402
 import bench_worker  # noqa: E402
 import torch  # noqa: E402
 
@@ -47,6 +51,11 @@ def _postgres_rows(rows: int) -> float | None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer samples, smaller models (CI, < 2 min)")
+    ap.add_argument("--mlflow-python", help="a Python with mlflow==3.17.2 for the ckptlab/MLflow table")
+    ap.add_argument(
+        "--mlflow-steps",
+        help="run sizes of the ckptlab/MLflow table, comma-separated (default 10^4..10^7; quick: 10^4)",
+    )
     args = ap.parse_args()
     q = args.quick
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -120,6 +129,12 @@ def main() -> None:
             )
         )
 
+    if args.mlflow_steps:
+        sizes = [int(s) for s in args.mlflow_steps.split(",")]
+    else:
+        sizes = [10_000] if q else list(bench_vs_mlflow.SIZES)
+    versus = bench_vs_mlflow.compare(sizes, mlflow_python=args.mlflow_python, cold=1 if q else 3, warm=3)
+
     print(
         f"ckptlab benchmarks ({'quick' if q else 'full'}) on {os.cpu_count()} cores, {platform.machine()}, "
         f"{device}, torch {torch.__version__}, {datetime.date.today()}, {time.perf_counter() - t0:.0f} s"
@@ -127,6 +142,8 @@ def main() -> None:
     print("| benchmark | result |\n| --- | --- |")
     for k, v in rows:
         print(f"| {k} | {v} |")
+    print("\nckptlab beside MLflow (same run; ratios: how many times faster ckptlab is)\n")
+    print(bench_vs_mlflow.table(versus))
 
 
 if __name__ == "__main__":

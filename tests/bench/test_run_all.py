@@ -31,3 +31,6 @@ def test_quick_benchmarks_print_one_table():
     ):
         assert row in names, f"missing row {row!r} in\n{result.stdout}"
     assert "ms" in names and "experiments/min" in names
+    # ckptlab's side of the ckptlab/MLflow table (MLflow itself is not installed here)
+    versus = [line for line in table if line.startswith("| 10,000 |")]
+    assert len(versus) == 1 and "not run (no --mlflow-python)" in versus[0], result.stdout
