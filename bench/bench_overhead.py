@@ -1,7 +1,9 @@
 """Instrumentation overhead: the engine's steps against a bare training step.
 
 Both run the same model, strategy, data and optimizer in this process, alternating rounds
-(bare, engine, bare, ...) so drift hits both alike. "Bare" is a plain loop: forward, loss,
+(bare, engine, bare, ...) so drift hits both alike, on CPU both on the timing pass's thread
+count (``timing_cpu_threads``, default 1), the engine without paired timing (each
+``on_step`` interval then holds one step of the run alone). "Bare" is a plain loop: forward, loss,
 backward, optimizer step, no tracker, no per-phase timing or sync. The engine
 (``worker.engine.run_experiment``) runs its memory pass (CPU: the live-tensor tracker;
 CUDA: synchronised phases, allocator statistics, NVML) and then its timing pass (CPU:
@@ -28,13 +30,26 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
+from ckptlab.settings import get_settings  # noqa: E402
 from ckptlab.spec import ExperimentSpec  # noqa: E402
 from worker.engine import run_experiment  # noqa: E402
 from worker.training import autocast_for, build_checkpointed, make_optimizer  # noqa: E402
 
 
 def bare_steps(spec: ExperimentSpec, device: torch.device) -> list[float]:
-    """Per-step wall times (ms) of a plain training loop for ``spec``."""
+    """Per-step wall times (ms) of a plain training loop for ``spec``, on CPU with the
+    timing pass's thread count (setting ``timing_cpu_threads``), so both sides run alike."""
+    threads = 0 if device.type == "cuda" else get_settings().timing_cpu_threads
+    before = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        return _bare_loop(spec, device)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _bare_loop(spec: ExperimentSpec, device: torch.device) -> list[float]:
     built = build_checkpointed(spec, device)
     params = list(built.module.parameters())
     opt = make_optimizer(spec, params)
@@ -101,6 +116,9 @@ def measure(name: str, cfg: dict, device: torch.device, *, rounds: int, steps: i
             "timed_steps": steps + 1,
             "device": device.type,
             "verify_gradients": False,
+            # one run's own instrumentation: paired timing would put the un-checkpointed
+            # copy's step between two on_step calls (bench/bench_paired.py measures pairing)
+            "paired_timing": False,
         }
     )
     bare_spec = spec.model_copy(update={"steps": steps + 2})
