@@ -106,7 +106,7 @@ class CpuAllocatorProbe:
         self._live = 0
         self._peak = 0
         self._window = 0
-        self._mine: dict[int, int] = {}  # address -> bytes of the blocks allocated while entered
+        self._mine: set[int] = set()  # addresses of the blocks allocated while entered, not freed
         self._session: profile | None = None
 
     def __enter__(self) -> CpuAllocatorProbe:
@@ -130,8 +130,10 @@ class CpuAllocatorProbe:
             session.__exit__(None, None, None)
         for ptr, nbytes in _allocations(session):
             if nbytes > 0:
-                self._mine[ptr] = nbytes
-            elif self._mine.pop(ptr, None) is None:
+                self._mine.add(ptr)
+            elif ptr in self._mine:
+                self._mine.remove(ptr)
+            else:
                 continue  # a free of a block allocated before the probe was entered
             self._live += nbytes
             self._peak = max(self._peak, self._live)
