@@ -3,8 +3,8 @@ of one run's per-step metrics, in MLflow's own SQLite tracking store.
 
 Run with a Python that has MLflow (a benchmark-only install, never a ckptlab dependency)::
 
-    python3 -m venv /tmp/mlvenv && /tmp/mlvenv/bin/pip install mlflow==3.17.2
-    /tmp/mlvenv/bin/python bench/bench_mlflow.py --steps 10000,100000 [--cold 3] [--warm 5]
+    make bench-mlflow    # .bench-mlflow/, a venv with mlflow==3.17.2
+    .bench-mlflow/bin/python bench/bench_mlflow.py --steps 10000,100000 [--cold 3] [--warm 5]
 
 For each size: a fresh ``sqlite:///`` tracking store, one run, the 7 step metrics ckptlab
 stores per step (``SERIES``) logged with ``MlflowClient.log_batch`` (1,000 metrics per call,
