@@ -19,19 +19,19 @@ from fastapi_offline import FastAPIOffline
 from sqlalchemy.exc import DataError, IntegrityError, OperationalError
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
-from backend.api import experiments, meta, plans, sweeps
-from backend.deps import WRITE_METHODS, require_write_token
-from backend.encoding import SafeJSONResponse
-from backend.middleware import MAX_JSON_DEPTH, AllowEveryMethod, BodySizeLimit, WriteGuard
-from backend.services.series import SeriesCache, series_warmer_task
-from backend.services.streams import SharedPolls, StreamSlots
+from ckptlab.backend.api import experiments, meta, plans, sweeps
+from ckptlab.backend.deps import WRITE_METHODS, require_write_token
+from ckptlab.backend.encoding import SafeJSONResponse
+from ckptlab.backend.middleware import MAX_JSON_DEPTH, AllowEveryMethod, BodySizeLimit, WriteGuard
+from ckptlab.backend.services.series import SeriesCache, series_warmer_task
+from ckptlab.backend.services.streams import SharedPolls, StreamSlots
 from ckptlab.db.database import make_engine, make_sessionmaker, migrate
 from ckptlab.db.reaper import reaper_task
 from ckptlab.settings import Settings, get_settings
 
 __all__ = ["create_app", "FRONTEND_DIR", "PLOTLY_JS"]
 
-FRONTEND_DIR = Path(str(resources.files("frontend")))
+FRONTEND_DIR = Path(str(resources.files("ckptlab.frontend")))
 PLOTLY_JS = Path(str(resources.files("plotly"))) / "package_data" / "plotly.min.js"
 
 
@@ -125,7 +125,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     writes need ``Authorization: Bearer <token>``; with ``cors_origins`` set, CORS is on for
     those origins (it is off by default); bodies over ``max_request_bytes`` get 413. A
     ``Host`` outside ``settings.trusted_hosts`` gets 400 and a cross-site or non-JSON write
-    403 / 415 (:class:`backend.middleware.WriteGuard`), with or without a token.
+    403 / 415 (:class:`ckptlab.backend.middleware.WriteGuard`), with or without a token.
 
     Args:
         settings: the settings to serve with. Default: :func:`ckptlab.settings.get_settings`.

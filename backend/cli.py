@@ -27,7 +27,7 @@ def serve_forever(settings: Settings) -> None:
     """Run the API with uvicorn on ``settings.host:settings.port`` until stopped."""
     import uvicorn
 
-    from backend.app import create_app
+    from ckptlab.backend.app import create_app
 
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="warning")
 

@@ -10,8 +10,8 @@ from fastapi import Depends, HTTPException, Path, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
-from backend.middleware import WRITE_METHODS
-from backend.services.series import SeriesCache
+from ckptlab.backend.middleware import WRITE_METHODS
+from ckptlab.backend.services.series import SeriesCache
 from ckptlab.settings import Settings
 
 __all__ = [

@@ -1,7 +1,7 @@
 """Responses that never fail on text: a stored or echoed string that is not valid UTF-8 (a
 lone surrogate) is written with backslash escapes instead of turning the answer into a 500.
 
-Input is rejected before it is stored (:func:`ckptlab.spec.find_unstorable`); this is the
+Input is rejected before it is stored (:func:`ckptlab.spec.experiment.find_unstorable`); this is the
 second line, for rows stored before that check and for the 422 that echoes the bad input.
 """
 

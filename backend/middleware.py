@@ -152,7 +152,7 @@ class WriteGuard:
       reach a route, and a body-less ``POST .../cancel`` from curl still works.
 
     Reads pass untouched: the ``Host`` check (Starlette's ``TrustedHostMiddleware``, added by
-    :func:`backend.app.create_app`) is what keeps DNS rebinding from reading them.
+    :func:`ckptlab.backend.app.create_app`) is what keeps DNS rebinding from reading them.
 
     Args:
         app: the ASGI app to wrap.

@@ -44,7 +44,8 @@ from ckptlab.db.buckets import summarize
 from ckptlab.db.database import make_engine, make_sessionmaker, migrate
 from ckptlab.db.models import Step
 from ckptlab.domain import SERIES_METRICS, Status
-from ckptlab.spec import ExperimentSpec
+from ckptlab.spec.experiment import ExperimentSpec
+from ckptlab.summary import RunSummary  # noqa: E402
 
 METRICS = ("step_ms", "peak_allocated_bytes", "loss")
 
@@ -78,7 +79,7 @@ def start_server(database_url: str, port: int) -> subprocess.Popen:
     """``ckptlab serve`` on 127.0.0.1:port; returns once /api/health answers."""
     env = {**os.environ, "CKPTLAB_DATABASE_URL": database_url}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cli", "serve", "--port", str(port)],
+        [sys.executable, "-m", "ckptlab.cli", "serve", "--port", str(port)],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.STDOUT,
@@ -125,7 +126,7 @@ def bench_stream(base: str, Session, *, n_steps: int, interval: float) -> dict:
             store.add_steps(s, experiment_id=exp.id, attempt=1, records=[_record(step, rng)])
             committed[step] = time.monotonic()
             time.sleep(rng.uniform(0, 2 * interval))
-        queue.finish_experiment(s, experiment_id=exp.id, status=Status.SUCCEEDED, summary={})
+        queue.finish_experiment(s, experiment_id=exp.id, status=Status.SUCCEEDED, summary=RunSummary())
     if not ended.wait(30):
         raise RuntimeError("the stream did not end")
     lat = [1000 * (received[s] - committed[s]) for s in committed if s in received]
@@ -145,7 +146,7 @@ def _insert_run(Session, n_steps: int, rng: random.Random, *, finished: bool) ->
     with Session() as s:
         exp = store.create_experiment(s, spec=ExperimentSpec(device="cpu"), status=Status.RUNNING, worker_id="bench:1")
         if finished:
-            queue.finish_experiment(s, experiment_id=exp.id, status=Status.SUCCEEDED, summary={})
+            queue.finish_experiment(s, experiment_id=exp.id, status=Status.SUCCEEDED, summary=RunSummary())
         chunk = []
         for step in range(1, n_steps + 1):
             row = _record(step, rng)

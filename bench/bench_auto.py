@@ -25,13 +25,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from ckptlab.explain import format_bytes  # noqa: E402
-from ckptlab.planner import BlockProfile, pooled_forward_times, recompute_ms, sequential_segments  # noqa: E402
-from ckptlab.spec import ExperimentSpec  # noqa: E402
-from ckptlab.stats import paired_ratio_ci  # noqa: E402
+from ckptlab.analysis.explain import format_bytes  # noqa: E402
+from ckptlab.analysis.stats import paired_ratio_ci  # noqa: E402
+from ckptlab.planning.planner import BlockProfile, pooled_forward_times, recompute_ms, sequential_segments  # noqa: E402
+from ckptlab.spec.experiment import ExperimentSpec  # noqa: E402
 from ckptlab.summary import RunSummary  # noqa: E402
-from worker.engine import run_experiment  # noqa: E402
-from worker.errors import RunError  # noqa: E402
+from ckptlab.worker.engine.run import run_experiment  # noqa: E402
+from ckptlab.worker.errors import RunError  # noqa: E402
 
 BASE = {"steps": 3, "warmup_steps": 1, "timed_steps": 10, "device": "cpu", "optimizer": "adam", "seed": 0}
 MODELS = {
@@ -56,11 +56,11 @@ def spec(model: dict, batch: int, **checkpoint) -> ExperimentSpec:
 def smallest_peak(model: dict, batch: int) -> int:
     """The smallest peak auto can plan for (its refusal of a budget just above the fixed memory says it)."""
     try:
-        run_experiment(spec(model, batch, strategy="auto", budget_bytes=1))
+        run_experiment(spec(model, batch, strategy="auto", budget_bytes=1)).dump()
     except RunError as below_fixed:
         fixed = below_fixed.details["fixed_bytes"]
     try:
-        run_experiment(spec(model, batch, strategy="auto", budget_bytes=fixed + 1))
+        run_experiment(spec(model, batch, strategy="auto", budget_bytes=fixed + 1)).dump()
     except RunError as below:
         return below.details["smallest_reachable_peak_bytes"]
     return fixed + 1
@@ -95,17 +95,17 @@ def main() -> None:
     )
     print("|---|---|---|---|---|---|---|---|")
     for name, (model, batch) in MODELS.items():
-        none = run_experiment(spec(model, batch))
+        none = run_experiment(spec(model, batch)).dump()
         top, low = none["peak_allocated_bytes"], smallest_peak(model, batch)
         fractions = (0.0, 1.0) if args.quick else (0.0, 0.2, 0.4, 0.6, 0.8, 1.2)
         depth = model["depth"]
         uniform = {
-            k: run_experiment(spec(model, batch, strategy="sequential", segments=k)) for k in range(1, depth + 1)
+            k: run_experiment(spec(model, batch, strategy="sequential", segments=k)).dump() for k in range(1, depth + 1)
         }
-        per_block = run_experiment(spec(model, batch, strategy="per_block"))
+        per_block = run_experiment(spec(model, batch, strategy="per_block")).dump()
         for f in fractions:
             budget = int(low + (top - low) * f) + 1
-            plan = run_experiment(spec(model, batch, strategy="auto", budget_bytes=budget))
+            plan = run_experiment(spec(model, batch, strategy="auto", budget_bytes=budget)).dump()
             # The uniform splits' recomputation from the same profile, timed as auto's planner
             # times it (identical blocks at their median forward time).
             blocks = pooled_forward_times([BlockProfile(**b) for b in plan["plan"]["blocks"]])
@@ -123,7 +123,7 @@ def main() -> None:
             order = list(variants)
             for r in range(rounds):
                 for k in order[r % len(order) :] + order[: r % len(order)]:
-                    ratios[k].append(paired_overhead(run_experiment(variants[k])))
+                    ratios[k].append(paired_overhead(run_experiment(variants[k]).dump()))
 
             predicted, measured = plan["predicted_peak_bytes"], plan["peak_allocated_bytes"]
             ckpt = plan["plan"]["checkpointed_blocks"]

@@ -4,7 +4,7 @@
 For each model (the bench_auto models) it runs ``none`` and ``per_block`` (eager), and
 ``compile_budget`` at 1.0 / 0.5 / 0.1 / 0.0. Memory: the eager runs are the exact tracker's,
 the compiled ones the CPU allocator's (profiler memory events: the tracker cannot watch
-compiled code; both agree to the byte on eager code, tests/worker/test_allocator_probe.py).
+compiled code; both agree to the byte on eager code, tests/worker/measure/test_allocator_probe.py).
 Step times: each configuration runs once per round, in rotating order. An eager run's
 overhead is paired (issue 19: each timed step beside a step of an un-checkpointed copy in
 the same process; the median of the per-step CPU-time ratios); a compiled run's is its
@@ -26,9 +26,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from ckptlab.explain import format_bytes  # noqa: E402
-from ckptlab.spec import ExperimentSpec  # noqa: E402
-from worker.engine import run_experiment  # noqa: E402
+from ckptlab.analysis.explain import format_bytes  # noqa: E402
+from ckptlab.spec.experiment import ExperimentSpec  # noqa: E402
+from ckptlab.worker.engine.run import run_experiment  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_auto import BASE, MODELS, paired_overhead  # noqa: E402
@@ -65,7 +65,7 @@ def main() -> None:
             turn = order[r % len(order) :] + order[: r % len(order)]
             times = {}
             for k in turn:
-                s = run_experiment(variants[k])
+                s = run_experiment(variants[k]).dump()
                 summaries[k] = s
                 peaks[k].append(s["peak_allocated_bytes"])
                 times[k] = statistics.median(s.get("step_cpu_ms") or [s["step_time_ms"]])

@@ -1,5 +1,5 @@
 """What CPU memory figures omit: the exact live-tensor tracker against the CPU allocator
-(``torch.profiler`` memory events, :class:`worker.allocator_probe.CpuAllocatorProbe`) on the
+(``torch.profiler`` memory events, :class:`ckptlab.worker.measure.allocator_probe.CpuAllocatorProbe`) on the
 built-in models, one training step each (issue 19).
 
 For each model: the bytes a forward keeps and the forward-and-backward peak above the step's
@@ -23,11 +23,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from ckptlab.explain import format_bytes  # noqa: E402
-from ckptlab.spec import ExperimentSpec  # noqa: E402
-from worker.allocator_probe import CpuAllocatorProbe  # noqa: E402
-from worker.memory import LiveTensorTracker  # noqa: E402
-from worker.models import build_model  # noqa: E402
+from ckptlab.analysis.explain import format_bytes  # noqa: E402
+from ckptlab.spec.experiment import ExperimentSpec  # noqa: E402
+from ckptlab.worker.measure.allocator_probe import CpuAllocatorProbe  # noqa: E402
+from ckptlab.worker.measure.memory import LiveTensorTracker  # noqa: E402
+from ckptlab.worker.models.build import build_model  # noqa: E402
 
 CASES = [
     (

@@ -69,7 +69,7 @@ def run(spec_path: Path, data_dir: Path) -> dict:
     """``ckptlab run SPEC --json`` in a child process; its summary (the last line)."""
     env = {**os.environ, "CKPTLAB_DATA_DIR": str(data_dir)}
     done = subprocess.run(
-        [sys.executable, "-m", "cli", "run", str(spec_path), "--json"],
+        [sys.executable, "-m", "ckptlab.cli", "run", str(spec_path), "--json"],
         cwd=ROOT,
         env=env,
         capture_output=True,

@@ -5,11 +5,11 @@ Queues ``--runs`` experiments alternating strategy ``none`` and ``sequential`` w
 ``segments: 1`` (which checkpoints nothing: the same work) of one model, runs them through
 one ``ckptlab worker --once`` (each run in its own child process, as in production), and
 compares every ``segments: 1`` run with every ``none`` run using
-:func:`ckptlab.stats.ratio_ci`. Every true difference is 0, so every estimate is noise:
+:func:`ckptlab.analysis.stats.ratio_ci`. Every true difference is 0, so every estimate is noise:
 the report gives the spread of the run medians, the distribution of |estimate|, and the
 share of pairs the product would call a measurable difference
-(:attr:`ckptlab.stats.RatioInterval.measurable`), against which
-:data:`ckptlab.stats.NOISE_THRESHOLD_PCT` is chosen.
+(:attr:`ckptlab.analysis.stats.RatioInterval.measurable`), against which
+:data:`ckptlab.analysis.stats.NOISE_THRESHOLD_PCT` is chosen.
 
 Usage: python bench/bench_noise.py [--runs 12] [--width 128,512] [--timed-steps 30] [--json]
 """
@@ -30,12 +30,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sqlalchemy import select  # noqa: E402
 
+from ckptlab.analysis.stats import NOISE_THRESHOLD_PCT, ratio_ci  # noqa: E402
 from ckptlab.db.database import make_engine, make_sessionmaker, migrate  # noqa: E402
 from ckptlab.db.models import Experiment  # noqa: E402
 from ckptlab.db.store import create_experiment  # noqa: E402
 from ckptlab.domain import Status  # noqa: E402
-from ckptlab.spec import ExperimentSpec  # noqa: E402
-from ckptlab.stats import NOISE_THRESHOLD_PCT, ratio_ci  # noqa: E402
+from ckptlab.spec.experiment import ExperimentSpec  # noqa: E402
 
 
 def _spec(width: int, timed_steps: int, strategy: dict) -> ExperimentSpec:
@@ -73,7 +73,7 @@ def run(width: int, runs: int, timed_steps: int) -> dict:
                 create_experiment(s, spec=specs["none" if i % 2 == 0 else "same"])
         env = {**os.environ, "CKPTLAB_DATABASE_URL": url, "CKPTLAB_POLL_INTERVAL_S": "0.1"}
         subprocess.run(
-            [sys.executable, "-m", "cli", "worker", "--once", "--devices", "cpu"],
+            [sys.executable, "-m", "ckptlab.cli", "worker", "--once", "--devices", "cpu"],
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

@@ -5,7 +5,7 @@ Both run the same model, strategy, data and optimizer in this process, alternati
 count (``timing_cpu_threads``, default 1), the engine without paired timing (each
 ``on_step`` interval then holds one step of the run alone). "Bare" is a plain loop: forward, loss,
 backward, optimizer step, no tracker, no per-phase timing or sync. The engine
-(``worker.engine.run_experiment``) runs its memory pass (CPU: the live-tensor tracker;
+(``ckptlab.worker.engine.run.run_experiment``) runs its memory pass (CPU: the live-tensor tracker;
 CUDA: synchronised phases, allocator statistics, NVML) and then its timing pass (CPU:
 tracker off); each step's time is taken between consecutive ``on_step`` callbacks, so it
 includes everything the engine adds per step. The timing pass is what ckptlab reports as
@@ -31,9 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from ckptlab.settings import get_settings  # noqa: E402
-from ckptlab.spec import ExperimentSpec  # noqa: E402
-from worker.engine import run_experiment  # noqa: E402
-from worker.training import autocast_for, build_checkpointed, make_optimizer  # noqa: E402
+from ckptlab.spec.experiment import ExperimentSpec  # noqa: E402
+from ckptlab.worker.engine.run import run_experiment  # noqa: E402
+from ckptlab.worker.engine.training import autocast_for, build_checkpointed, make_optimizer  # noqa: E402
 
 
 def bare_steps(spec: ExperimentSpec, device: torch.device) -> list[float]:
@@ -79,7 +79,7 @@ def engine_steps(spec: ExperimentSpec, device: torch.device) -> tuple[list[float
     stamps: list[tuple[str, float]] = []
     run_experiment(
         spec, on_step=lambda rec: stamps.append((rec["extra"]["pass"], time.perf_counter())), device=str(device)
-    )
+    ).dump()
     deltas = [(b[0], (b[1] - a[1]) * 1e3) for a, b in zip(stamps, stamps[1:], strict=False)]
     memory = [d for p, d in deltas if p == "memory"][max(spec.warmup_steps - 1, 0) :]
     timed = [d for p, d in deltas if p == "timed"][1:]  # the first also holds the pass switch

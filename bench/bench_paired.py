@@ -6,7 +6,7 @@ Each repeat runs, in this process, three runs of ``sequential`` 1 (the same work
 block recomputed; about +30% per step on the MLP 32x512) on the MLP 32x512, batch 64,
 20 timed steps each; every run's timed steps are paired rounds with an un-checkpointed
 copy in its process. The verdict is the product's: :meth:`ckptlab.summary.RunSummary.paired_rounds`
-(CPU time on CPU) judged by :func:`ckptlab.stats.paired_ratio_ci` with the default noise
+(CPU time on CPU) judged by :func:`ckptlab.analysis.stats.paired_ratio_ci` with the default noise
 threshold. With ``--load``, one spinning process per core runs throughout. ``--threads``
 sets the run's torch threads (its memory pass); the timing pass runs on the product's
 ``timing_cpu_threads`` (default 1) whatever it is.
@@ -29,10 +29,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from ckptlab.spec import ExperimentSpec  # noqa: E402
-from ckptlab.stats import NOISE_THRESHOLD_PCT, RatioInterval, paired_ratio_ci  # noqa: E402
+from ckptlab.analysis.stats import NOISE_THRESHOLD_PCT, RatioInterval, paired_ratio_ci  # noqa: E402
+from ckptlab.spec.experiment import ExperimentSpec  # noqa: E402
 from ckptlab.summary import RunSummary  # noqa: E402
-from worker.engine import run_experiment  # noqa: E402
+from ckptlab.worker.engine.run import run_experiment  # noqa: E402
 
 BASE = {
     "model": {"kind": "mlp", "depth": 32, "width": 512, "dropout": 0.0},
@@ -48,7 +48,7 @@ BASE = {
 def verdict(checkpoint: dict) -> dict[str, RatioInterval]:
     """The paired overhead of one run, as the product judges it (``product``: the summary's
     rounds, CPU time on CPU) and by the wall-time rounds of the same run (``wall``)."""
-    s = RunSummary.load(run_experiment(ExperimentSpec.model_validate({**BASE, "checkpoint": checkpoint})))
+    s = RunSummary.load(run_experiment(ExperimentSpec.model_validate({**BASE, "checkpoint": checkpoint})).dump())
     product = s.paired_rounds()
     return {
         "product": paired_ratio_ci(product[0], product[1], threshold_pct=NOISE_THRESHOLD_PCT),

@@ -47,7 +47,8 @@ from ckptlab.db import queue, rollups, store  # noqa: E402
 from ckptlab.db.buckets import summarize  # noqa: E402
 from ckptlab.db.database import make_engine, make_sessionmaker, migrate  # noqa: E402
 from ckptlab.domain import SERIES_METRICS, Status  # noqa: E402
-from ckptlab.spec import ExperimentSpec  # noqa: E402
+from ckptlab.spec.experiment import ExperimentSpec  # noqa: E402
+from ckptlab.summary import RunSummary  # noqa: E402
 
 CHUNK = 200_000
 COLUMNS = ("experiment_id", "attempt", "step", *SERIES_METRICS, "loss_nonfinite", "extra")
@@ -96,7 +97,7 @@ def insert_run(Session, n_steps: int, *, rollup: bool, seed: int) -> int:
             if rollup:
                 rollups.merge_buckets(s, experiment_id=exp.id, attempt=1, buckets=summarize(steps, values))
             s.commit()
-        queue.finish_experiment(s, experiment_id=exp.id, status=Status.SUCCEEDED, summary={})
+        queue.finish_experiment(s, experiment_id=exp.id, status=Status.SUCCEEDED, summary=RunSummary())
         return exp.id
 
 
@@ -106,7 +107,7 @@ def start_server(database_url: str) -> tuple[subprocess.Popen, str]:
     port = _free_port()
     env = {**os.environ, "CKPTLAB_DATABASE_URL": database_url, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cli", "serve", "--port", str(port)],
+        [sys.executable, "-m", "ckptlab.cli", "serve", "--port", str(port)],
         cwd=ROOT,
         env=env,
         stdout=subprocess.DEVNULL,

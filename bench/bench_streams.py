@@ -43,6 +43,7 @@ from bench_api import _free_port, _record, start_server  # noqa: E402
 from ckptlab.db import queue, store  # noqa: E402
 from ckptlab.db.database import make_engine, make_sessionmaker, migrate  # noqa: E402
 from ckptlab.domain import Status  # noqa: E402
+from ckptlab.summary import RunSummary  # noqa: E402
 
 
 async def _stream(client: httpx.AsyncClient, url: str, counts: dict, key: int, ready: asyncio.Event) -> None:
@@ -131,7 +132,7 @@ def _play_worker(Session, exp_ids: list[int], *, seconds: float, interval: float
             queue.heartbeat_worker(s, worker_id="bench:streams")
             time.sleep(interval)
         for i in exp_ids:
-            queue.finish_experiment(s, experiment_id=i, status=Status.SUCCEEDED, summary={})
+            queue.finish_experiment(s, experiment_id=i, status=Status.SUCCEEDED, summary=RunSummary())
     return step - first_step
 
 

@@ -33,7 +33,7 @@ from ckptlab.db.database import make_engine, make_sessionmaker, migrate  # noqa:
 from ckptlab.db.models import Experiment  # noqa: E402
 from ckptlab.db.store import create_experiment  # noqa: E402
 from ckptlab.domain import FINISHED_STATUSES, Status  # noqa: E402
-from ckptlab.spec import ExperimentSpec  # noqa: E402
+from ckptlab.spec.experiment import ExperimentSpec  # noqa: E402
 
 TINY = {
     "model": {"kind": "mlp", "depth": 8, "width": 128},
@@ -61,7 +61,7 @@ def run(workers: int, experiments: int, cpu_slots: int | None = None) -> dict:
         t0 = time.perf_counter()
         procs = [
             subprocess.Popen(
-                [sys.executable, "-m", "cli", "worker", "--once", *slots],
+                [sys.executable, "-m", "ckptlab.cli", "worker", "--once", *slots],
                 env=env,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,

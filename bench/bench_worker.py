@@ -11,7 +11,7 @@ Run from the repository root::
   the end of the first step) and the submit-to-first-step-visible latency (what the live
   view waits for: polling, claim, first step, batched write).
 - **Write throughput.** Pushes ``--rows`` step records through
-  :class:`worker.writer.StepWriter` as fast as possible and times until all are
+  :class:`ckptlab.worker.service.writer.StepWriter` as fast as possible and times until all are
   committed, into SQLite and into PostgreSQL (a throwaway cluster from Debian's binaries,
   or ``--postgres-url``); also the cost of one ``put`` on the training loop.
 - **Rollup cost** (``--rollup-cost ROUNDS``, nothing else runs): the write benchmark with
@@ -48,10 +48,10 @@ from ckptlab.db import rollups, store  # noqa: E402
 from ckptlab.db.database import make_engine, make_sessionmaker, migrate  # noqa: E402
 from ckptlab.db.models import Step  # noqa: E402
 from ckptlab.domain import Status  # noqa: E402
-from ckptlab.spec import ExperimentSpec  # noqa: E402
+from ckptlab.spec.experiment import ExperimentSpec  # noqa: E402
+from ckptlab.worker.service import writer as writer_module  # noqa: E402
+from ckptlab.worker.service.writer import StepWriter  # noqa: E402
 from tests.support import wait_for  # noqa: E402
-from worker import writer as writer_module  # noqa: E402
-from worker.writer import StepWriter  # noqa: E402
 
 SPEC = ExperimentSpec.model_validate(
     {
@@ -77,7 +77,9 @@ def bench_warm_start(n: int, workdir: Path) -> dict[str, float]:
         "CKPTLAB_POLL_INTERVAL_S": "0.1",
     }
     log = open(workdir / "worker.log", "wb")
-    worker = subprocess.Popen([sys.executable, "-m", "cli", "worker"], env=env, stdout=log, stderr=subprocess.STDOUT)
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "ckptlab.cli", "worker"], env=env, stdout=log, stderr=subprocess.STDOUT
+    )
     claim_to_step: list[float] = []
     submit_to_visible: list[float] = []
     try:

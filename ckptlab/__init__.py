@@ -1,7 +1,7 @@
 """ckptlab: activation checkpointing experiments and their measurement.
 
 ``ckptlab.profile(model, sample, ...)`` runs the engine on a model in hand (see
-:func:`worker.profile.profile`). It is loaded on first use (PEP 562), so ``import ckptlab``
+:func:`ckptlab.worker.profile.profile`). It is loaded on first use (PEP 562), so ``import ckptlab``
 stays free of torch and of the worker.
 """
 
@@ -12,7 +12,7 @@ __all__ = ["profile"]
 
 def __getattr__(name: str) -> Any:
     if name == "profile":
-        from worker.profile import profile
+        from ckptlab.worker.profile import profile
 
         return profile
     raise AttributeError(f"module 'ckptlab' has no attribute {name!r}")

@@ -9,7 +9,15 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-__all__ = ["Status", "MemoryCategory", "FINISHED_STATUSES", "ACTIVE_STATUSES", "STEP_FIELDS", "SERIES_METRICS"]
+__all__ = [
+    "Status",
+    "MemoryCategory",
+    "FINISHED_STATUSES",
+    "ACTIVE_STATUSES",
+    "STEP_FIELDS",
+    "SERIES_METRICS",
+    "NOISE_THRESHOLD_PCT",
+]
 
 
 class Status(StrEnum):
@@ -87,3 +95,11 @@ class MemoryCategory(StrEnum):
     ACTIVATIONS = "activations"
     #: Everything else: the input batch, temporaries of backward and the optimizer step (TEMP).
     OTHER = "other"
+
+
+#: Step-time differences estimated below 10% are noise by default: the same work timed in
+#: separate runs through a worker on a shared 2-core host differs by up to 6-13% (95th
+#: percentile of |estimate| over 36-64 pairs of identical runs; ``bench/bench_noise.py``,
+#: docs/benchmarks.md "Run-to-run noise"), far beyond the bootstrap interval of one run's
+#: steps. A server sets its own (``CKPTLAB_NOISE_THRESHOLD_PCT``).
+NOISE_THRESHOLD_PCT = 10.0

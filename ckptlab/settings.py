@@ -11,7 +11,7 @@ from typing import Annotated
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from ckptlab.stats import NOISE_THRESHOLD_PCT
+from ckptlab.domain import NOISE_THRESHOLD_PCT
 
 __all__ = ["Settings", "get_settings", "host_memory_bytes"]
 
@@ -67,7 +67,7 @@ class Settings(BaseSettings):
         cors_origins: origins (``scheme://host[:port]``) allowed to call the API from a
             browser besides the server's own (``CKPTLAB_CORS_ORIGINS``, comma-separated or a
             JSON list): CORS is on for them and their writes pass the same-origin check
-            (:class:`backend.middleware.WriteGuard`). Default: none, CORS off.
+            (:class:`ckptlab.backend.middleware.WriteGuard`). Default: none, CORS off.
         allowed_hosts: ``Host`` header values (without port) the API answers
             (``CKPTLAB_ALLOWED_HOSTS``, comma-separated or a JSON list; ``*.example.com``
             matches subdomains; ``*`` turns the check off). Others get 400, which stops DNS
@@ -77,7 +77,7 @@ class Settings(BaseSettings):
         worker_memory_bytes: host memory one experiment may use, bytes
             (``CKPTLAB_WORKER_MEMORY_BYTES``; default: this host's RAM). A worker runs each
             child under a data-size cap a little above it (or above a CPU spec's
-            ``memory_limit_bytes`` when lower; see :mod:`worker.hostmem`), so exhaustion is
+            ``memory_limit_bytes`` when lower; see :mod:`ckptlab.worker.measure.hostmem`), so exhaustion is
             recorded ``oom``; the API rejects specs whose parameters, gradients and
             optimizer state alone exceed it (set it on the backend to the workers' figure).
         check_model_entry_points: the API answers 422 for a ``custom`` model whose name is
@@ -92,13 +92,13 @@ class Settings(BaseSettings):
         max_steps: most ``steps`` a submitted spec may ask for (default 100000).
         max_batch_size: most ``batch_size`` a submitted spec may ask for (default 65536).
         max_param_count: most model parameters a submitted spec may build, estimated from
-            the spec (:func:`ckptlab.limits.estimate_param_count`; default 1e9).
+            the spec (:func:`ckptlab.spec.limits.estimate_param_count`; default 1e9).
         max_request_bytes: larger request bodies get 413 (default 1 MiB).
         max_sweep_size: most experiments one sweep may queue, baselines included (default 256).
         sse_poll_interval_s: how often a live stream polls the database, seconds (default 0.15).
         noise_threshold_pct: the least step-time overhead estimate, in %, reported as a
             difference (``CKPTLAB_NOISE_THRESHOLD_PCT``; default
-            :data:`ckptlab.stats.NOISE_THRESHOLD_PCT`): run-to-run noise of the same work on
+            :data:`ckptlab.domain.NOISE_THRESHOLD_PCT`): run-to-run noise of the same work on
             the workers' hosts, as ``bench/bench_noise.py`` measures it; lower it on a quiet
             host to resolve smaller differences.
         max_streams: most live streams one API server keeps open; more get 503 with

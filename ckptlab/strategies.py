@@ -3,8 +3,8 @@
 Each :class:`Strategy` says which checkpoint fields it reads, how the worker wraps its
 groups of blocks (:class:`Mechanism`, from which "recomputes" and "needs
 ``use_reentrant=False``" follow), which half-open block ranges it wraps, its sort rank
-and its label. Spec validation (:mod:`ckptlab.spec`), sweep ordering and charts (the
-backend), the worker's regrouping (``worker.strategies.apply_strategy``) and the form
+and its label. Spec validation (:mod:`ckptlab.spec.experiment`), sweep ordering and charts (the
+backend), the worker's regrouping (``ckptlab.worker.engine.strategies.apply_strategy``) and the form
 (through ``GET /api/meta`` ``strategy_table``) all read this table; nothing else spells
 a strategy or a selective policy name. This module imports neither torch nor FastAPI.
 
@@ -109,7 +109,7 @@ class Strategy:
             simplest (``("segments", 1)``: fewer segments first).
         sweep_default: ticked by default on the form's strategy axis.
         planned: the engine plans the groups at run time for ``checkpoint.budget_bytes``
-            (profiling the blocks, ``ckptlab.planner``) instead of calling ``groups``.
+            (profiling the blocks, ``ckptlab.planning.planner``) instead of calling ``groups``.
     """
 
     name: str
@@ -308,7 +308,7 @@ register_strategy(
         label="auto ({budget_bytes})",
         fields=("budget_bytes", *_FLAGS),
         mechanism=Mechanism.CHECKPOINT,
-        groups=lambda n, ck: [],  # planned at run time (worker.autoplan)
+        groups=lambda n, ck: [],  # planned at run time (ckptlab.worker.engine.autoplan)
         rank=50,
         planned=True,
     )

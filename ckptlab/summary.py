@@ -2,7 +2,7 @@
 and every reader reads through (the ``experiments.summary`` JSON column in, a
 :class:`RunSummary` out).
 
-The engine (:func:`worker.engine.run_experiment`) validates its summary with
+The engine (:func:`ckptlab.worker.engine.run.run_experiment`) validates its summary with
 :meth:`RunSummary.dump` before it is stored; the backend's sweep rows, comparison and
 exports, the CLI and ``ckptlab.profile`` read it with :meth:`RunSummary.load`, which never
 raises: a summary from an older version (a key missing) takes the field's default, a key
@@ -16,13 +16,13 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer
 
 __all__ = ["PhaseSpread", "Finding", "RunSummary", "StepRecord"]
 
 
 class PhaseSpread(BaseModel):
-    """Median and spread of one phase's step times, ms (:class:`ckptlab.stats.Spread`)."""
+    """Median and spread of one phase's step times, ms (:class:`ckptlab.analysis.stats.Spread`)."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -36,7 +36,7 @@ class PhaseSpread(BaseModel):
 
 
 class Finding(BaseModel):
-    """A setting that does nothing or backfires (:func:`ckptlab.explain.findings`)."""
+    """A setting that does nothing or backfires (:func:`ckptlab.analysis.explain.findings`)."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -45,7 +45,7 @@ class Finding(BaseModel):
 
 
 class RunSummary(BaseModel):
-    """What one run measured (:func:`worker.engine.run_experiment` documents each field's
+    """What one run measured (:func:`ckptlab.worker.engine.run.run_experiment` documents each field's
     source). Every field is optional: a failed run stores only ``oom`` or ``failure``
     details, a CPU run no ``reserved_bytes``.
 
@@ -56,7 +56,7 @@ class RunSummary(BaseModel):
             print(summary.grad_worst_param)
     """
 
-    model_config = ConfigDict(extra="allow", allow_inf_nan=False, strict=True)
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False, strict=True, validate_assignment=True)
 
     # Where it ran.
     device: str | None = None
@@ -126,11 +126,11 @@ class RunSummary(BaseModel):
     recompute_first_differing_group: dict[str, Any] | None = Field(
         None, description="the first group (blocks start..end-1) whose recomputation differs, and by how much"
     )
-    # The baseline's blocks (worker.block_profile), recorded in its first memory step.
+    # The baseline's blocks (ckptlab.worker.engine.block_profile), recorded in its first memory step.
     block_profile: list[dict[str, Any]] | None = Field(
         None, description="per block: retained, input, output, param, forward and backward bytes, forward ms"
     )
-    # Strategy auto (worker.autoplan): the budget, the plan and its predicted peak (bytes).
+    # Strategy auto (ckptlab.worker.engine.autoplan): the budget, the plan and its predicted peak (bytes).
     budget_bytes: int | None = None
     predicted_peak_bytes: int | None = None
     plan: dict[str, Any] | None = Field(
@@ -186,9 +186,18 @@ class RunSummary(BaseModel):
             return self.paired_baseline_step_times_ms, self.step_times_ms, "wall time"
         return None
 
+    @model_serializer(mode="wrap")
+    def _only_what_was_measured(self, handler):  # unannotated: the schema stays the model's
+        # A summary carries what its run measured: fields never set (a CPU run's
+        # reserved_bytes, a failed run's figures) are left out of every dump, the stored
+        # JSON and the API's answer alike, so both hold the same keys.
+        data = handler(self)
+        keep = self.model_fields_set | set(self.__pydantic_extra__ or {})
+        return {k: v for k, v in data.items() if k in keep}
+
     def dump(self) -> dict[str, Any]:
         """JSON-ready, with only the fields that were set (what the engine stores)."""
-        return self.model_dump(mode="json", exclude_unset=True)
+        return self.model_dump(mode="json")
 
 
 class StepRecord(BaseModel):

@@ -1,5 +1,5 @@
-"""``python -m cli``: the ``ckptlab`` command."""
+"""``python -m ckptlab.cli``: the ``ckptlab`` command."""
 
-from cli.main import main
+from ckptlab.cli.main import main
 
 main()

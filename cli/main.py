@@ -16,11 +16,11 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from backend.cli import app as backend_app
-from backend.cli import serve_forever, settings_with
-from ckptlab.cli import app as ckptlab_app
+from ckptlab.backend.cli import app as backend_app
+from ckptlab.backend.cli import serve_forever, settings_with
+from ckptlab.db.cli import app as ckptlab_app
 from ckptlab.db.database import Database
-from worker.cli import app as worker_app
+from ckptlab.worker.cli import app as worker_app
 
 __all__ = ["app", "main"]
 
@@ -46,7 +46,7 @@ def up(
     with Database(s.resolved_database_url) as db:
         db.ensure_schema()  # once, before two processes would race to do it
     env = {**os.environ, "CKPTLAB_DATABASE_URL": s.resolved_database_url}
-    worker_proc = subprocess.Popen([sys.executable, "-m", "cli", "worker"], env=env)
+    worker_proc = subprocess.Popen([sys.executable, "-m", "ckptlab.cli", "worker"], env=env)
     console.print(f"ckptlab is up: http://{s.host}:{s.port}  (database {s.resolved_database_url})")
     sys.stdout.flush()
     # uvicorn re-raises the SIGTERM it captured once it has shut down; make that an exit so

@@ -3,12 +3,13 @@
 
 import './form_view.js';
 import {
-  $, BASELINE, META, MODEL_KINDS, STRATEGIES, STRATEGY, api, detailText, el, modelLabel, setHashParams, strategyLabel, syncOptions,
+  $, BASELINE, DEFAULT_KIND, META, MODEL_KINDS, STRATEGIES, STRATEGY, api, detailText, el, modelLabel, setHashParams, strategyLabel,
+  syncOptions,
 } from './util.js';
-import { readAxes as readAxesOf, readSpec as readSpecOf } from './form_read.js';
-import { fillHf, initHfFields, resetHf } from './form_hf.js';
+import { readAxes as readAxesOf, readSpec as readSpecOf, setControl } from './form_read.js';
+import { buildModelControls, fillModel, resetModel } from './form_hf.js';
 
-/** The presets (ckptlab/presets.py): name -> {spec, axes}. */
+/** The presets (ckptlab/spec/presets.py): name -> {spec, axes}. */
 const PRESETS = META.presets;
 import { autoName, dropPendingPlan, showSweepPlan } from './sweep_plan.js';
 import { planBody, planSummary, submitPlan } from './plan.js';
@@ -36,7 +37,7 @@ const readAxes = () => readAxesOf(form);
 
 // ------------------------------------------------------------------ dependent fields
 
-/** Shows the model kind's fields, and the checkpoint knobs the chosen strategies use. */
+/** Shows the model kind's field group, and the checkpoint knobs the chosen strategies use. */
 function syncVisibility() {
   const k = kind();
   for (const g of form.querySelectorAll('.kind-group')) {
@@ -219,8 +220,9 @@ function controlFor(path) {
 }
 
 /**
- * A 422 `loc` -> the form path it names. Experiments: ["body", "model", "mlp", "width"]
- * (pydantic puts the union tag in); sweeps: ["body", "base", "checkpoint", "segments"],
+ * A 422 `loc` -> the form path it names. Experiments: ["body", "model", "width"] (a field
+ * of the model's kind; a loc with the kind as a union tag, ["body", "model", <kind>, "width"],
+ * is read the same); sweeps: ["body", "base", "checkpoint", "segments"],
  * ["body", "axes", "checkpoint.segments"], ["body", "name"].
  */
 export function pathOfLoc(loc) {
@@ -318,21 +320,12 @@ async function onSubmit(event) {
 
 // ------------------------------------------------------------------ filling
 
-function setControl(c, v) {
-  if (v === undefined) return;
-  if (c.type === 'checkbox') c.checked = Boolean(v);
-  else if (c.dataset.type === 'json') c.value = JSON.stringify(v ?? {});
-  else c.value = v === null ? '' : String(v);
-}
-
 /** Fills the form from a spec (presets and an experiment's "Copy to form"). */
 export function fillForm(spec, { axes } = {}) {
   const m = spec.model || {};
-  $('model.kind').value = m.kind || 'mlp';
+  $('model.kind').value = m.kind || DEFAULT_KIND;
   syncVisibility();
-  const group = form.querySelector(`.kind-group[data-kind="${m.kind || 'mlp'}"]`);
-  if (m.kind === 'hf') fillHf(m);
-  else for (const c of group.querySelectorAll('[name]')) setControl(c, m[c.name.slice('model.'.length)]);
+  fillModel(m);
   const ck = spec.checkpoint || {};
   $('checkpoint.strategy').value = ck.strategy || BASELINE;
   for (const key of ['segments', 'every', 'policy', 'activation_memory_budget', 'use_reentrant', 'preserve_rng_state']) {
@@ -367,9 +360,8 @@ function setMode(mode) {
 export function initForm(opts) {
   navigate = opts.navigate || navigate;
   onSweepCreated = opts.onSweepCreated || onSweepCreated;
-  syncOptions($('model.kind'), MODEL_KINDS);
+  buildModelControls();
   buildStrategyControls();
-  initHfFields();
   form.addEventListener('submit', onSubmit);
   form.addEventListener('input', (e) => {
     if (e.target.getAttribute('aria-invalid') === 'true' || fieldOf(e.target).querySelector('.field-error')) {
@@ -389,7 +381,7 @@ export function initForm(opts) {
   $('reset').addEventListener('click', () => {
     const mode = form.elements.namedItem('mode').value;
     form.reset();
-    resetHf();
+    resetModel();
     form.elements.namedItem('mode').value = mode;
     clearErrors();
     updatePlan();

@@ -115,3 +115,16 @@ export function readAxes(form) {
   }
   return { axes, errors };
 }
+
+/**
+ * Sets a control to a spec value by its data-type (presets, "Copy to form"): a checkbox's
+ * state, JSON text for a json field, '' for null; undefined leaves it as it is.
+ * @param {HTMLInputElement|HTMLSelectElement} c
+ * @param {*} v
+ */
+export function setControl(c, v) {
+  if (v === undefined) return;
+  if (c.type === 'checkbox') c.checked = Boolean(v);
+  else if (c.dataset.type === 'json') c.value = JSON.stringify(v ?? {});
+  else c.value = v === null ? '' : String(v);
+}

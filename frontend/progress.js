@@ -1,6 +1,6 @@
 /* A queued or running experiment's progress on its page: place in the queue, or step k of
  * N and about how long is left (the server's words: GET /api/experiments/{id} `progress`,
- * the same arithmetic as `ckptlab run`'s bar: ckptlab/progress.py). */
+ * the same arithmetic as `ckptlab run`'s bar: ckptlab/analysis/progress.py). */
 
 import { $, STATUS, TERMINAL, api } from './util.js';
 import { renderSummary } from './experiment_summary.js';

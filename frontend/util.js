@@ -116,21 +116,22 @@ export function fmtDuration(startIso, endIso) {
   return `${Math.floor(s / 60)} min ${Math.round(s % 60)} s`;
 }
 
-/** "mlp 32×1024" and similar one-line model descriptions. */
+/** A label template filled from `values`: "{field}" reads the value, "?" when it has none; a
+ * "[bracketed part]" shows only when every field in it has a value (the tables' templates). */
+function fillTemplate(template, values) {
+  const has = (key) => values[key] !== undefined && values[key] !== null && values[key] !== '';
+  const fields = (text) => [...text.matchAll(/\{(\w+)\}/g)].map((m) => m[1]);
+  const kept = template.replace(/\[([^[\]]*)\]/g, (_, part) => (fields(part).every(has) ? part : ''));
+  return kept.replace(/\{(\w+)\}/g, (_, key) => (has(key) ? String(values[key]) : '?'));
+}
+
+/** "mlp 32×1024": the model kind's label template (model-kind table) filled from the spec's
+ * model; an emptied field reads "?". */
 export function modelLabel(spec) {
   const raw = (spec && spec.model) || {};
-  const m = new Proxy(raw, { get: (t, k) => t[k] ?? '?' }); // an emptied field reads "?"
-  switch (raw.kind) {
-    case 'mlp': return `mlp ${m.depth}×${m.width}`;
-    case 'transformer': return `transformer ${m.depth}×${m.d_model}, seq ${m.seq_len}`;
-    case 'resnet': return `resnet ${m.depth} blocks, ${m.channels} ch, ${m.image_size}px`;
-    case 'densenet': return `densenet ${m.depth}, k=${m.growth_rate}, ${m.image_size}px`;
-    case 'custom': return `custom ${m.name} (${m.depth})`;
-    case 'python': return `python ${m.target} (${m.depth})`;
-    case 'torchvision': return `torchvision ${m.architecture}, ${m.image_size}px`;
-    case 'hf': return `hf ${m.architecture}${raw.num_hidden_layers ? ` ${raw.num_hidden_layers} layers` : ''}${raw.seq_len ? `, seq ${raw.seq_len}` : ''}${raw.image_size ? `, ${raw.image_size}px` : ''}`;
-    default: return `${raw.kind || '?'} ${raw.depth ?? ''}`.trim();
-  }
+  const entry = MODEL_KIND.get(raw.kind ?? DEFAULT_KIND);
+  if (!entry) return `${raw.kind || '?'} ${raw.depth ?? ''}`.trim();
+  return fillTemplate(entry.label, { ...raw, kind: entry.name });
 }
 
 /** "sequential (4)": the strategy's label template (strategy table) filled from the spec. */
@@ -297,8 +298,8 @@ export function detailText(body) {
 // ------------------------------------------------------------------ vocabulary
 
 /* The vocabulary and field rules, read once from the server (GET /api/meta) before any
- * other module runs (top-level await), so the frontend spells no status, strategy or
- * bound of its own. Retries every second while the server is unreachable. */
+ * other module runs (top-level await), so the frontend spells no status, strategy, model
+ * kind or bound of its own. Retries every second while the server is unreachable. */
 async function loadMeta() {
   for (;;) {
     try {
@@ -311,7 +312,7 @@ async function loadMeta() {
   }
 }
 
-/** {statuses: [{name, finished}], memory_categories, model_kinds, strategies, strategy_table,
+/** {statuses: [{name, finished}], memory_categories, model_kinds, model_kind_table, strategies, strategy_table,
  *  policies, sweep_axes, presets, series_metrics, chart_names, max_sweep_size, spec_schema, ...} */
 export const META = await loadMeta();
 
@@ -321,7 +322,12 @@ export const STATUS = Object.freeze(Object.fromEntries(META.statuses.map((s) => 
 export const STATUSES = META.statuses.map((s) => s.name);
 /** Statuses after which an experiment never changes again. */
 export const TERMINAL = new Set(META.statuses.filter((s) => s.finished).map((s) => s.name));
+/** Every model kind's name, by rank. */
 export const MODEL_KINDS = META.model_kinds;
+/** The model-kind table (ckptlab/spec/model_kinds.py) by name: summary, label, example, fields, ... */
+export const MODEL_KIND = new Map(META.model_kind_table.map((k) => [k.name, k]));
+/** The kind of a model that names none. */
+export const DEFAULT_KIND = META.model_kind_table.find((k) => k.default).name;
 export const STRATEGIES = META.strategies;
 /** The strategy table (ckptlab/strategies.py) by name: summary, label, fields, recomputes, ... */
 export const STRATEGY = new Map(META.strategy_table.map((s) => [s.name, s]));

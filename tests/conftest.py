@@ -1,5 +1,5 @@
 """Shared fixtures: one per resource (database, API client, worker process, a registered
-strategy)."""
+strategy, a registered model kind)."""
 
 from __future__ import annotations
 
@@ -8,13 +8,17 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Literal
 
 import pytest
 from fastapi.testclient import TestClient
+from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.orm import Session
 
 from ckptlab.db.database import make_engine, make_sessionmaker, migrate
 from ckptlab.settings import Settings
+from ckptlab.spec import kinds
+from ckptlab.spec.base import SpecInt
 from ckptlab.strategies import Mechanism, Strategy, registered
 from tests.postgres import PostgresCluster, find_pg_bin
 from tests.support import stop_process
@@ -133,7 +137,7 @@ def settings(data_dir: Path, database_url: str) -> Settings:
 @pytest.fixture
 def client(settings: Settings) -> Iterator[TestClient]:
     """An in-process API client over the fresh database."""
-    from backend.app import create_app
+    from ckptlab.backend.app import create_app
 
     with TestClient(create_app(settings)) as c:
         yield c
@@ -144,7 +148,9 @@ def worker_process(database_url: str, data_dir: Path) -> Iterator[subprocess.Pop
     """A real ``ckptlab worker`` process on the fresh database, stopped with SIGTERM."""
     env = {**os.environ, "CKPTLAB_DATABASE_URL": database_url, "CKPTLAB_POLL_INTERVAL_S": "0.1"}
     log = open(data_dir / "worker.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "cli", "worker"], env=env, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ckptlab.cli", "worker"], env=env, stdout=log, stderr=subprocess.STDOUT
+    )
     yield proc
     stop_process(proc)
     log.close()
@@ -179,4 +185,51 @@ def noop_strategy() -> Iterator[Strategy]:
         rank=15,
     )
     with registered(noop):
+        yield noop
+
+
+class NoopModelSpec(BaseModel):
+    """The model of the ``noop_model_kind`` fixture: ``depth`` blocks ``Linear(features,
+    features)`` on inputs ``(B, features)``, regressing random targets of the same shape."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    kind: Literal["noop_kind"] = "noop_kind"
+    depth: SpecInt = Field(2, ge=1, le=16, description="linear blocks")
+    features: SpecInt = Field(8, ge=1, le=64, description="features per block")
+
+
+def build_noop_model(spec: NoopModelSpec):
+    """The builder of the ``noop_model_kind`` fixture (``tests.conftest:build_noop_model``):
+    no stem, ``depth`` linear blocks, no head; mean squared error against random targets."""
+    import torch
+    from torch import nn
+
+    from ckptlab.worker.models.base import Built, Chain, default_loss
+
+    def make_batch(batch_size: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        shape = (batch_size, spec.features)
+        return torch.randn(*shape, generator=gen), torch.randn(*shape, generator=gen)
+
+    blocks = nn.Sequential(*[nn.Linear(spec.features, spec.features) for _ in range(spec.depth)])
+    return Built(Chain(nn.Identity(), blocks, nn.Identity()), blocks, make_batch, default_loss)
+
+
+@pytest.fixture
+def noop_model_kind() -> Iterator[kinds.ModelKind]:
+    """A model kind added to the table for one test only, the way a new kind is added
+    (:func:`ckptlab.spec.kinds.register_model_kind`): ``noop_kind``, ``depth`` linear blocks
+    of ``features`` features (:class:`NoopModelSpec`, built by :func:`build_noop_model`),
+    ranked between mlp and resnet."""
+    noop = kinds.ModelKind(
+        name="noop_kind",
+        spec=NoopModelSpec,
+        summary="linear blocks (a test's kind)",
+        label="{kind} {depth}×{features}",
+        builder="tests.conftest:build_noop_model",
+        count_parameters=lambda m: m.depth * (m.features * m.features + m.features),
+        example={"depth": 3, "features": 16},
+        rank=5,
+    )
+    with kinds.registered(noop):
         yield noop

@@ -6,7 +6,7 @@ import copy
 import math
 from typing import Any
 
-from ckptlab.spec import ExperimentSpec
+from ckptlab.spec.experiment import ExperimentSpec
 
 TINY: dict[str, Any] = {
     "model": {"kind": "mlp", "depth": 8, "width": 64, "dropout": 0.0},
@@ -140,11 +140,11 @@ def sweep_row(
     baseline_id: int = 1,
     **fields: Any,
 ):
-    """A :class:`backend.services.sweeps.SweepRow` of a sequential run with ``segments`` (a
+    """A :class:`ckptlab.backend.services.sweeps.SweepRow` of a sequential run with ``segments`` (a
     ``none`` baseline when None): 20 timed steps around ``step_ms`` (seeded ±``jitter``)."""
     import random
 
-    from backend.services.sweeps import SweepRow
+    from ckptlab.backend.services.sweeps import SweepRow
 
     rng = random.Random(experiment_id)
     baseline = segments is None

@@ -9,7 +9,12 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
 
 
 def wait_for(predicate, timeout: float = 60.0, interval: float = 0.1):
@@ -21,6 +26,24 @@ def wait_for(predicate, timeout: float = 60.0, interval: float = 0.1):
             return value
         time.sleep(interval)
     raise TimeoutError(f"condition not met within {timeout} s")
+
+
+def age_lease(
+    session: Session, *, experiment_id: int | None = None, worker_id: str | None = None, seconds: float
+) -> None:
+    """Move an experiment's claim (``started_at``) and/or a worker's last heartbeat
+    ``seconds`` into the past, and commit: a lease runs out now instead of after a wait.
+    (Imports the database layer only when called: this module is imported everywhere.)"""
+    from sqlalchemy import update
+
+    from ckptlab.db.models import Experiment, Worker, utcnow
+
+    past = utcnow() - timedelta(seconds=seconds)
+    if experiment_id is not None:
+        session.execute(update(Experiment).where(Experiment.id == experiment_id).values(started_at=past))
+    if worker_id is not None:
+        session.execute(update(Worker).where(Worker.id == worker_id).values(heartbeat_at=past))
+    session.commit()
 
 
 def stop_process(proc: subprocess.Popen, timeout: float = 30.0) -> None:
@@ -48,12 +71,12 @@ def install_model_plugin(directory: Path, monkeypatch, *, name: str, module: str
 
 @contextmanager
 def in_process_worker(settings, **run_kw) -> Iterator[tuple[threading.Event, threading.Event]]:
-    """``worker.service.run_worker`` on ``settings`` in a thread, on the CPU, polling every
+    """``ckptlab.worker.service.slots.run_worker`` on ``settings`` in a thread, on the CPU, polling every
     50 ms; yields its (stop, kill) events, and at the end sets both and joins it (60 s).
 
     ``run_kw`` go to ``run_worker`` (``cpu_slots``, ``max_experiments``, ``exit_when_idle`` ...).
     """
-    from worker.service import run_worker  # the worker's imports only where a worker runs
+    from ckptlab.worker.service.slots import run_worker  # the worker's imports only where a worker runs
 
     stop, kill = threading.Event(), threading.Event()
     kwargs = dict(database_url=settings.database_url, settings=settings, poll_interval_s=0.05, devices=["cpu"])

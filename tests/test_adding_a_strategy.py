@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from ckptlab.db import queue
 from ckptlab.domain import Status
-from ckptlab.spec import ExperimentSpec
+from ckptlab.spec.experiment import ExperimentSpec
+from ckptlab.worker.engine.run import run_experiment
 from tests.factories import spec_dict
-from worker.engine import run_experiment
 
 
 def _strategy_enum(schema: dict) -> list[str]:

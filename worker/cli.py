@@ -23,7 +23,7 @@ from rich.table import Table
 
 from ckptlab.domain import Status
 from ckptlab.settings import Settings, get_settings
-from ckptlab.spec import ExperimentSpec
+from ckptlab.spec.experiment import ExperimentSpec
 from ckptlab.summary import RunSummary
 
 __all__ = ["app", "format_validation_error", "load_spec"]
@@ -113,9 +113,9 @@ def run(
     spec = load_spec(spec_path)
     from ckptlab.db.database import make_engine, make_sessionmaker, migrate
     from ckptlab.db.store import create_experiment, get_experiment, list_steps
-    from worker.devices import default_worker_id
-    from worker.progress_bar import RunProgressBar
-    from worker.service import execute_experiment
+    from ckptlab.worker.progress_bar import RunProgressBar
+    from ckptlab.worker.service.devices import default_worker_id
+    from ckptlab.worker.service.slots import execute_experiment
 
     url = _settings().resolved_database_url
     engine = make_engine(url)
@@ -144,9 +144,9 @@ def run(
             _mib(s.peak_allocated_bytes),
         )
     console.print(table)
-    result = {"id": exp.id, "status": exp.status, **(exp.summary or {}), "error": exp.error}
+    sm = exp.run_summary
+    result = {"id": exp.id, "status": exp.status, **sm.dump(), "error": exp.error}
     if exp.status == Status.SUCCEEDED:
-        sm = RunSummary.load(exp.summary)
         console.print(
             f"activation {_mib(sm.activation_bytes)} MiB, peak {_mib(sm.peak_allocated_bytes)} MiB, "
             f"params without grad {sm.params_without_grad}"
@@ -196,8 +196,8 @@ def worker(
     requeues them at once. Devices default to every visible CUDA device, else cpu; cpu
     gets one slot per 4 cores, and each cpu experiment its share of the cores as torch threads.
     """
-    from worker.devices import default_cpu_slots, slot_devices
-    from worker.service import run_worker
+    from ckptlab.worker.service.devices import default_cpu_slots, slot_devices
+    from ckptlab.worker.service.slots import run_worker
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     s = _settings()

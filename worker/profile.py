@@ -5,10 +5,10 @@ executed in the caller's process, and stored like ``ckptlab run`` stores one, so
 appears in the dashboard beside the others. The stored spec names the model by its class
 (``{"kind": "python", "target": "module:ClassName", "depth": blocks}``); nothing is
 imported by that name: the model is handed to the engine
-(:func:`worker.engine.run_experiment`'s ``model``), which trains deep copies of it.
+(:func:`ckptlab.worker.engine.run.run_experiment`'s ``model``), which trains deep copies of it.
 
 The run is held by this process's in-process worker (``profile:host:pid``,
-:func:`worker.heartbeat.in_process_owner`), which heartbeats while it runs: a dashboard's
+:func:`ckptlab.worker.service.heartbeat.in_process_owner`), which heartbeats while it runs: a dashboard's
 reaper leaves it alone however long it takes, and fails it (never requeues it to a worker,
 which could not build the model) once the process is gone.
 """
@@ -22,19 +22,32 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from pydantic import Field
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 from torch import nn
 
 from ckptlab.db.queue import finish_experiment
 from ckptlab.domain import Status
-from ckptlab.spec import ExperimentSpec
-from ckptlab.strategies import BASELINE
-from worker.profile_model import find_blocks, prepare_model
+from ckptlab.spec.experiment import ExperimentSpec, PythonModelSpec
+from ckptlab.strategies import BASELINE, strategy_names
+from ckptlab.summary import RunSummary
+from ckptlab.worker.models.user_model import find_blocks, prepare_model
 
-__all__ = ["profile", "find_blocks"]
+__all__ = ["profile", "find_blocks", "ProfileResult"]
 
 log = logging.getLogger("ckptlab.profile")
+
+
+class ProfileResult(RunSummary):
+    """What :func:`profile` returns: the run's summary (:class:`~ckptlab.summary.RunSummary`,
+    as ``GET /api/experiments/{id}`` shows it, ``model`` and ``blocks`` included) and where
+    the run is stored."""
+
+    experiment_id: int = Field(description="the stored experiment's id (the dashboard's #id)")
+    status: Status = Field(description="its final status")
+    error: str | None = Field(None, description="the error text when it did not succeed")
+    database_url: str = Field(description="where it is stored, password hidden")
 
 
 def profile(
@@ -52,8 +65,31 @@ def profile(
     verify_gradients: bool = True,
     database_url: str | None = None,
     **checkpoint: Any,
-) -> dict[str, Any]:
+) -> ProfileResult:
     """Run ckptlab's engine on ``model`` in this process, store the run, return its summary.
+
+    Example usage::
+
+        import tempfile
+        import torch
+        from torch import nn
+        import ckptlab
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.blocks = nn.Sequential(*[nn.Sequential(nn.Linear(64, 64), nn.Tanh()) for _ in range(4)])
+                self.head = nn.Linear(64, 10)
+
+            def forward(self, x):
+                return self.head(self.blocks(x))
+
+        url = f"sqlite:///{tempfile.mkdtemp()}/ckptlab.db"
+        x, y = torch.randn(16, 64), torch.randint(0, 10, (16,))
+        summary = ckptlab.profile(Net(), (x, y), strategy="sequential", segments=2, steps=3, timed_steps=2,
+                                  database_url=url)
+        assert summary.error is None and summary.gradients_match
+        print(summary.blocks, summary.activation_bytes, summary.peak_explanation)
 
     Args:
         model: any ``nn.Module``; it is not changed (each run builds a deep copy).
@@ -62,12 +98,14 @@ def profile(
             size is the (first) input's first dimension. Every step uses this batch.
         blocks: the container of repeated blocks to checkpoint (a submodule or its
             qualified name). Default: the model's own layout for ``transformers`` and
-            torchvision models, else :func:`worker.profile_model.find_blocks`
-            (:mod:`worker.profile_model`). ``model.forward`` must apply them in order;
-            they may take keyword arguments and return a tuple.
-        strategy: ``none``, ``sequential``, ``per_block``, ``selective`` or ``offload``;
+            torchvision models, else :func:`ckptlab.worker.models.user_model.find_blocks`.
+            ``model.forward`` must apply them in order; they may take keyword arguments and
+            return a tuple.
+        strategy: a name of the strategy table (:data:`ckptlab.strategies.STRATEGIES`):
+            {strategies};
             its options (``segments``, ``every``, ``policy``, ``use_reentrant``,
-            ``preserve_rng_state``) as keyword arguments.
+            ``preserve_rng_state``, ``budget_bytes``, ``activation_memory_budget``) as
+            keyword arguments, as in the spec's ``checkpoint``.
         steps, timed_steps, optimizer, amp, device, verify_gradients: as in the
             experiment spec (defaults 10, 20, adam, off, cpu, True).
         loss_fn: ``(output, targets) -> scalar``. Default: the ``loss`` the model's output
@@ -89,10 +127,10 @@ def profile(
     else ``failed``) and raised again.
 
     Returns:
-        The summary (as ``GET /api/experiments/{id}`` shows it; it names the ``model`` by
-        class and parameter count and the ``blocks`` chosen) with ``experiment_id``,
-        ``status``, ``error`` and ``database_url`` (where the run is stored, without its
-        password) added.
+        A :class:`ProfileResult`: the summary (memory in bytes, times in ms; it names the
+        ``model`` by class and parameter count and the ``blocks`` chosen) with
+        ``experiment_id``, ``status``, ``error`` and ``database_url``. ``dump()`` gives it
+        as JSON.
 
     Raises:
         ValueError: before anything is stored, saying what to pass: no blocks found or
@@ -100,18 +138,33 @@ def profile(
             a sample or output the loss cannot be taken from, or an invalid spec
             (pydantic's ``ValidationError`` is a ``ValueError``).
         sqlalchemy.exc.OperationalError: the database cannot be reached or migrated.
+
+    Known limitations:
+        - Every step trains on the one ``sample``: data-dependent memory (variable sequence
+          lengths, dynamic shapes) is measured at that sample's shape only.
+        - Only the blocks are checkpointed; what the model does around them (embeddings, a
+          head, a loss over a large vocabulary) is measured but never recomputed.
+        - On CPU the figures are the live tensors' bytes (exact, as ``MemTracker`` counts
+          them); convolution backward scratch outside any tensor and the allocator's
+          caching are not in them (docs/guide.md, "What CPU figures omit"). On CUDA they are
+          the caching allocator's.
+        - The dashboard cannot re-run it (it names the model by class, and a server never
+          imports code a request names): "Run the baseline" needs a ``python`` target the
+          operator allowed, or another call of this function with ``strategy="none"``.
+        - Cancelling it from the dashboard does not stop it; interrupt the process
+          (``KeyboardInterrupt`` records it as ``cancelled``).
     """
     from ckptlab.db.database import make_engine, make_sessionmaker, migrate
     from ckptlab.db.store import create_experiment, get_experiment
     from ckptlab.settings import get_settings
-    from worker.heartbeat import in_process_owner
-    from worker.service import execute_experiment
+    from ckptlab.worker.service.heartbeat import in_process_owner
+    from ckptlab.worker.service.slots import execute_experiment
 
     ready = prepare_model(model, sample, blocks=blocks, loss_fn=loss_fn)
     target = f"{type(model).__module__}:{type(model).__name__}"
     spec = ExperimentSpec.model_validate(
         {
-            "model": {"kind": "python", "target": target, "depth": ready.depth},
+            "model": PythonModelSpec(target=target, depth=ready.depth).model_dump(),
             "batch_size": ready.batch_size,
             "steps": steps,
             "timed_steps": timed_steps,
@@ -141,15 +194,21 @@ def profile(
         _name_the_run(Session, exp.id, model=ready.model, blocks=ready.blocks)
         with Session() as session:
             exp = get_experiment(session, experiment_id=exp.id)
-        return {
-            **(exp.summary or {}),
-            "experiment_id": exp.id,
-            "status": exp.status,
-            "error": exp.error,
-            "database_url": make_url(url).render_as_string(hide_password=True),
-        }
+        return ProfileResult.model_validate(
+            {
+                **exp.run_summary.dump(),
+                "experiment_id": exp.id,
+                "status": Status(exp.status),
+                "error": exp.error,
+                "database_url": make_url(url).render_as_string(hide_password=True),
+            }
+        )
     finally:
         engine.dispose()
+
+
+# The strategies named in the docstring are the table's, so it never falls behind it.
+profile.__doc__ = (profile.__doc__ or "").replace("{strategies}", ", ".join(f"``{name}``" for name in strategy_names()))
 
 
 def _warn_if_new(url: str) -> None:
@@ -188,5 +247,5 @@ def _name_the_run(Session, experiment_id: int, **names: str) -> None:
     with Session() as session:
         exp = session.get(Experiment, experiment_id)
         if exp is not None and exp.summary is not None:
-            exp.summary = {**exp.summary, **names}
+            exp.summary = RunSummary.model_validate({**exp.run_summary.dump(), **names}).dump()
             session.commit()

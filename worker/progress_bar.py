@@ -1,5 +1,5 @@
 """``ckptlab run``'s progress bar: step k of N and about how long is left, read from the steps
-the run has stored so far (issue 23). The arithmetic is :func:`ckptlab.progress.run_progress`,
+the run has stored so far (issue 23). The arithmetic is :func:`ckptlab.analysis.progress.run_progress`,
 the same the API answers for a running experiment.
 
 Example usage::
@@ -23,8 +23,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from sqlalchemy.orm import Session, sessionmaker
 
+from ckptlab.analysis.progress import RunProgress, format_duration, run_progress
 from ckptlab.db.store import latest_step_record
-from ckptlab.progress import RunProgress, format_duration, run_progress
 
 __all__ = ["RunProgressBar"]
 

@@ -1,5 +1,5 @@
 """Routes for experiments: thin wrappers over :mod:`ckptlab.db.store`, :mod:`ckptlab.db.queue`
-and :mod:`backend.services.queries`."""
+and :mod:`ckptlab.backend.services.queries`."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse
 from sse_starlette import EventSourceResponse
 
-from backend.deps import MAX_ID, ExperimentId, SeriesCacheDep, SessionDep, SettingsDep
-from backend.schemas import (
+from ckptlab.backend.deps import MAX_ID, ExperimentId, SeriesCacheDep, SessionDep, SettingsDep
+from ckptlab.backend.schemas import (
     AttemptPublic,
     AttemptsPublic,
     ComparisonPublic,
@@ -31,13 +31,14 @@ from backend.schemas import (
     Status,
     StepsPublic,
 )
-from backend.services import comparison, exports, queries, series, series_view, streams
-from backend.services.progress import experiment_progress
-from backend.services.responses import CSV_RESPONSE, SSE_RESPONSE, WRITE_RESPONSES
+from ckptlab.backend.services import comparison, exports, queries, series, series_view, streams
+from ckptlab.backend.services.progress import experiment_progress
+from ckptlab.backend.services.responses import CSV_RESPONSE, SSE_RESPONSE, WRITE_RESPONSES
 from ckptlab.db import events, queue, store
 from ckptlab.db.models import Experiment
-from ckptlab.limits import limit_errors
-from ckptlab.spec import MODEL_KINDS, ExperimentSpec, StrategyName
+from ckptlab.spec.experiment import ExperimentSpec, StrategyName
+from ckptlab.spec.kinds import ModelKindName
+from ckptlab.spec.limits import limit_errors
 
 #: Largest attempt number: ``steps.attempt`` and ``experiments.attempt`` are 32-bit columns
 #: (a worker would need 2**31 claims to reach it); beyond it, the same 422 on both databases.
@@ -56,7 +57,7 @@ NOT_FOUND = {404: {"model": Message, "description": "No experiment with this id"
 def experiment_filters(
     status_: Annotated[Status | None, Query(alias="status", description="only this status")] = None,
     sweep_id: Annotated[int | None, Query(ge=1, le=MAX_ID, description="only this sweep's")] = None,
-    model_kind: Annotated[Literal[MODEL_KINDS] | None, Query(description="only this model kind")] = None,  # type: ignore[valid-type]
+    model_kind: Annotated[ModelKindName | None, Query(description="only this model kind")] = None,
     strategy: Annotated[StrategyName | None, Query(description="only this checkpoint strategy")] = None,
     ids: Annotated[
         str | None,
@@ -73,7 +74,7 @@ def experiment_filters(
     ] = None,
 ) -> dict[str, Any]:
     """The listing filters of a request, as keyword arguments of
-    :func:`backend.services.queries.query_experiments`."""
+    :func:`ckptlab.backend.services.queries.query_experiments`."""
     return {
         "status": status_,
         "sweep_id": sweep_id,

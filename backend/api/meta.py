@@ -5,16 +5,16 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from sqlalchemy import text
 
-from backend.deps import SessionDep, SettingsDep
-from backend.schemas import CHART_NAMES, Health, MetaPublic, StatusPublic
-from backend.services.series import SERIES_METRICS
-from ckptlab.domain import MemoryCategory, Status
-from ckptlab.hf import HF_ARCHITECTURES
-from ckptlab.presets import PRESETS
-from ckptlab.spec import MODEL_KINDS, ExperimentSpec
-from ckptlab.spec_torchvision import TORCHVISION_ARCHITECTURES
+from ckptlab.backend.deps import SessionDep, SettingsDep
+from ckptlab.backend.schemas import CHART_NAMES, Health, MetaPublic, StatusPublic
+from ckptlab.domain import SERIES_METRICS, MemoryCategory, Status
+from ckptlab.spec.experiment import ExperimentSpec
+from ckptlab.spec.hf_catalog import HF_ARCHITECTURES
+from ckptlab.spec.kinds import MODEL_KIND_TABLE, model_kind_names
+from ckptlab.spec.presets import PRESETS
+from ckptlab.spec.sweeps import AXIS_NAMES
+from ckptlab.spec.torchvision_model import TORCHVISION_ARCHITECTURES
 from ckptlab.strategies import STRATEGIES, SelectivePolicy, strategy_names
-from ckptlab.sweeps import AXIS_NAMES
 
 router = APIRouter(tags=["meta"])
 
@@ -28,13 +28,15 @@ def health(session: SessionDep, request: Request) -> Health:
 
 @router.get("/meta", response_model=MetaPublic, summary="Statuses, spec choices and limits for clients")
 def meta(settings: SettingsDep) -> MetaPublic:
-    """The vocabulary defined once in :mod:`ckptlab.domain`, :mod:`ckptlab.strategies` and
-    :mod:`ckptlab.spec`, so the frontend never spells a status, a strategy, an axis or a
-    field bound of its own."""
+    """The vocabulary defined once in :mod:`ckptlab.domain`, :mod:`ckptlab.strategies`, the
+    model-kind table (:mod:`ckptlab.spec.kinds`) and :mod:`ckptlab.spec.experiment`, so the
+    frontend never spells a status, a strategy, a model kind, an axis or a field bound of its
+    own. The tables are read when asked: a kind or strategy registered since start-up is in it."""
     return MetaPublic(
         statuses=[StatusPublic(name=s, finished=s.finished) for s in Status],
         memory_categories=[c.value for c in MemoryCategory],
-        model_kinds=list(MODEL_KINDS),
+        model_kinds=model_kind_names(),
+        model_kind_table=[MODEL_KIND_TABLE[name].public() for name in model_kind_names()],
         strategies=strategy_names(),
         strategy_table=[STRATEGIES[name].public() for name in strategy_names()],
         policies=[p.value for p in SelectivePolicy],

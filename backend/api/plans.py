@@ -1,18 +1,18 @@
 """Routes of plans for a memory budget: ``POST /api/plans`` queues one, ``GET
-/api/plans/{id}`` answers its verdict (:mod:`backend.services.plans`)."""
+/api/plans/{id}`` answers its verdict (:mod:`ckptlab.backend.services.plans`)."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, HTTPException, status
 from fastapi.exceptions import RequestValidationError
 
-from backend.deps import SessionDep, SettingsDep, SweepId
-from backend.schemas.plans import PlanCreate, PlanPublic
-from backend.services import plans
-from backend.services.responses import WRITE_RESPONSES
-from ckptlab import sweeps as planning
+from ckptlab.analysis.explain import format_bytes
+from ckptlab.backend.deps import SessionDep, SettingsDep, SweepId
+from ckptlab.backend.schemas.plans import PlanCreate, PlanPublic
+from ckptlab.backend.services import plans
+from ckptlab.backend.services.responses import WRITE_RESPONSES
 from ckptlab.db import store
-from ckptlab.explain import format_bytes
+from ckptlab.spec import sweeps as planning
 
 router = APIRouter(prefix="/plans", tags=["plans"])
 

@@ -1,4 +1,4 @@
-"""Routes for sweeps: thin wrappers over :mod:`ckptlab.sweeps` and the chart, export and
+"""Routes for sweeps: thin wrappers over :mod:`ckptlab.spec.sweeps` and the chart, export and
 stream services."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 from sse_starlette import EventSourceResponse
 
-from backend.deps import SessionDep, SettingsDep, SweepId
-from backend.schemas import (
+from ckptlab.backend.deps import SessionDep, SettingsDep, SweepId
+from ckptlab.backend.schemas import (
     ChartName,
     ChartPublic,
     Format,
@@ -30,13 +30,13 @@ from backend.schemas import (
     SweepsPublic,
     SweepSummaryPublic,
 )
-from backend.services import charts, exports, streams
-from backend.services import sweeps as sweep_reads
-from backend.services.recommend import recommend
-from backend.services.responses import CSV_RESPONSE, SSE_RESPONSE, WRITE_RESPONSES
-from ckptlab import sweeps as planning
+from ckptlab.backend.services import charts, exports, streams
+from ckptlab.backend.services import sweeps as sweep_reads
+from ckptlab.backend.services.recommend import recommend
+from ckptlab.backend.services.responses import CSV_RESPONSE, SSE_RESPONSE, WRITE_RESPONSES
 from ckptlab.db import queue, store
 from ckptlab.db.models import Experiment, Sweep
+from ckptlab.spec import sweeps as planning
 
 router = APIRouter(prefix="/sweeps", tags=["sweeps"])
 
@@ -69,7 +69,7 @@ def _public(session: Session, sweep: Sweep) -> SweepPublic:
             baseline_id=r.baseline_id,
             repeat_of=r.repeat_of,
             attempt=by_id[r.experiment_id].attempt,
-            summary=by_id[r.experiment_id].summary,
+            summary=by_id[r.experiment_id].run_summary if by_id[r.experiment_id].summary is not None else None,
             error=by_id[r.experiment_id].error,
         )
         for r in sweep_reads.sweep_rows(sweep)

@@ -1,12 +1,12 @@
 """API schemas (``XCreate`` / ``XPublic``), kept apart from the ORM models.
 
-``ExperimentCreate`` is the experiment spec itself (:class:`ckptlab.spec.ExperimentSpec`).
+``ExperimentCreate`` is the experiment spec itself (:class:`ckptlab.spec.experiment.ExperimentSpec`).
 Every schema carries an example for ``/docs``. One module per resource; this package
 re-exports them all.
 """
 
-from backend.schemas.common import ErrorDetail, Format, Health, Message, Status
-from backend.schemas.experiments import (
+from ckptlab.backend.schemas.common import ErrorDetail, Format, Health, Message, Status
+from ckptlab.backend.schemas.experiments import (
     AttemptPublic,
     AttemptsPublic,
     ComparisonPublic,
@@ -22,8 +22,8 @@ from backend.schemas.experiments import (
     StepPublic,
     StepsPublic,
 )
-from backend.schemas.meta import MetaPublic, StatusPublic
-from backend.schemas.sweeps import (
+from ckptlab.backend.schemas.meta import MetaPublic, StatusPublic
+from ckptlab.backend.schemas.sweeps import (
     CHART_NAMES,
     ChartName,
     ChartPublic,

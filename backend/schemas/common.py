@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from ckptlab.domain import Status
+from ckptlab.summary import RunSummary
 
-__all__ = ["Status", "Format", "Message", "Health", "ErrorDetail", "examples", "EXAMPLE_SUMMARY"]
+__all__ = ["Status", "Format", "Message", "Health", "ErrorDetail", "examples", "EXAMPLE_SUMMARY", "SummaryPublic"]
 
 Format = Literal["json", "csv"]
 
@@ -20,6 +22,17 @@ EXAMPLE_SUMMARY = {
     "grad_max_abs_diff": 0.0,
     "gradients_match": True,
 }
+
+
+def _read_summary(value: Any) -> Any:
+    """A summary as stored (the JSON column's mapping) read with :meth:`RunSummary.load`, so a
+    key of the wrong type reads as its default instead of failing the response."""
+    return RunSummary.load(dict(value)) if isinstance(value, Mapping) else value
+
+
+#: A run's summary in a response: typed (its OpenAPI schema lists every field), holding the
+#: keys the run measured.
+SummaryPublic = Annotated[RunSummary | None, BeforeValidator(_read_summary)]
 
 
 def examples(*values: Any) -> ConfigDict:

@@ -7,11 +7,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
-from backend.schemas.common import EXAMPLE_SUMMARY, examples
-from backend.services.series import SERIES_METRICS
-from ckptlab.domain import Status
-from ckptlab.presets import EXAMPLE_SPEC
-from ckptlab.spec import ExperimentSpec
+from ckptlab.backend.schemas.common import EXAMPLE_SUMMARY, SummaryPublic, examples
+from ckptlab.domain import SERIES_METRICS, Status
+from ckptlab.spec.experiment import ExperimentSpec
+from ckptlab.spec.presets import EXAMPLE_SPEC
 
 __all__ = [
     "ExperimentCreate",
@@ -66,7 +65,7 @@ class ExperimentCreate(ExperimentSpec):
 
 
 class RunProgressPublic(BaseModel):
-    """Where a queued or running experiment is (:class:`ckptlab.progress.RunProgress`):
+    """Where a queued or running experiment is (:class:`ckptlab.analysis.progress.RunProgress`):
     its place in the queue, or its last step, the steps it records in all and about how
     long it still needs (elapsed x steps left / steps done)."""
 
@@ -107,7 +106,7 @@ class ExperimentPublic(BaseModel):
     finished_at: datetime | None
     worker_id: str | None
     attempt: int
-    summary: dict[str, Any] | None
+    summary: SummaryPublic
     error: str | None
     warnings: list[str] | None = None
     sweep_id: int | None = None

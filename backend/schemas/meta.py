@@ -7,9 +7,11 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from backend.schemas.common import examples
+from ckptlab.backend.schemas.common import examples
 from ckptlab.domain import MemoryCategory, Status
-from ckptlab.presets import PRESETS
+from ckptlab.spec import model_kinds as _builtin_kinds  # noqa: F401  (registers the built-in kinds)
+from ckptlab.spec.kinds import MODEL_KIND_TABLE, model_kind_names
+from ckptlab.spec.presets import PRESETS
 from ckptlab.strategies import STRATEGIES, SelectivePolicy, strategy_names
 
 __all__ = ["StatusPublic", "MetaPublic"]
@@ -24,14 +26,16 @@ class StatusPublic(BaseModel):
 
 class MetaPublic(BaseModel):
     """Everything a client needs to build a spec form and label results: statuses, memory
-    categories, the choices of each enumerated spec field, the per-step metrics, the chart
-    names, the server's sweep limit and the spec's JSON schema (defaults and bounds)."""
+    categories, the model-kind and strategy tables, the choices of each enumerated spec field,
+    the per-step metrics, the chart names, the server's sweep limit and the spec's JSON schema
+    (defaults and bounds)."""
 
     model_config = examples(
         {
             "statuses": [{"name": Status.QUEUED, "finished": False}],
             "memory_categories": [c.value for c in MemoryCategory],
-            "model_kinds": ["mlp", "resnet", "transformer", "densenet", "custom"],
+            "model_kinds": model_kind_names(),
+            "model_kind_table": [MODEL_KIND_TABLE[name].public() for name in model_kind_names()][:1],
             "strategies": strategy_names(),
             "strategy_table": [STRATEGIES[name].public() for name in strategy_names()][:2],
             "policies": [p.value for p in SelectivePolicy],
@@ -57,7 +61,13 @@ class MetaPublic(BaseModel):
 
     statuses: list[StatusPublic] = Field(description="every status, in lifecycle order")
     memory_categories: list[str] = Field(description="what live bytes are for (keys of memory_at_peak)")
-    model_kinds: list[str]
+    model_kinds: list[str] = Field(description="values of model.kind, by rank")
+    model_kind_table: list[dict[str, Any]] = Field(
+        description="each model kind: name, summary (the form's option text), label template over the model's "
+        "fields, example (the form's starting values), rank, default, its fields (type, title, default, minimum, "
+        "maximum, enum, description, from the spec class's JSON schema), note, option_text, renderer, and whether "
+        "the server checks its parameter limit (parameter_limit_checked; parameter_limit_note says why not)"
+    )
     strategies: list[str] = Field(description="values of checkpoint.strategy, simplest first")
     strategy_table: list[dict[str, Any]] = Field(
         description="each strategy: name, summary, label template, the checkpoint fields it reads, "

@@ -6,10 +6,10 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ByteSize, ConfigDict, Field, StringConstraints, field_validator
 
-from backend.schemas.common import examples
-from backend.schemas.sweeps import RecommendationPublic
-from ckptlab.presets import EXAMPLE_SWEEP
-from ckptlab.spec import MAX_MEMORY_LIMIT_BYTES, find_unstorable
+from ckptlab.backend.schemas.common import examples
+from ckptlab.backend.schemas.sweeps import RecommendationPublic
+from ckptlab.spec.experiment import MAX_MEMORY_LIMIT_BYTES, find_unstorable
+from ckptlab.spec.presets import EXAMPLE_SWEEP
 
 __all__ = ["PlanCreate", "PlanPointPublic", "PlanPublic"]
 

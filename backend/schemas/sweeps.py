@@ -7,10 +7,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
-from backend.schemas.common import EXAMPLE_SUMMARY, ErrorDetail, examples
+from ckptlab.backend.schemas.common import EXAMPLE_SUMMARY, ErrorDetail, SummaryPublic, examples
 from ckptlab.domain import Status
-from ckptlab.presets import EXAMPLE_SWEEP
-from ckptlab.spec import find_unstorable
+from ckptlab.spec.experiment import find_unstorable
+from ckptlab.spec.presets import EXAMPLE_SWEEP
 from ckptlab.strategies import BASELINE
 
 __all__ = [
@@ -105,7 +105,7 @@ class InvalidCombination(BaseModel):
 
 class ProgressPublic(BaseModel):
     """How far a sweep has got: ``finished`` of ``total``, the count in each status, and
-    about how long the rest takes (:func:`ckptlab.progress.sweep_eta`)."""
+    about how long the rest takes (:func:`ckptlab.analysis.progress.sweep_eta`)."""
 
     model_config = examples(
         {
@@ -153,7 +153,7 @@ class SweepExperimentPublic(BaseModel):
     baseline_id: int | None = Field(description="the 'none' baseline this run is compared with")
     repeat_of: int | None = Field(None, description="for a baseline's second run: the first run's id")
     attempt: int
-    summary: dict[str, Any] | None
+    summary: SummaryPublic
     error: str | None
 
 
@@ -312,7 +312,7 @@ class SweepPlanPublic(BaseModel):
                     "values": {"checkpoint.strategy": BASELINE},
                     "label": f"strategy={BASELINE}",
                     "baseline": True,
-                    "spec": {"model": {"kind": "mlp"}},
+                    "spec": {"model": EXAMPLE_SWEEP["base"]["model"]},
                 }
             ],
             "invalid": [],

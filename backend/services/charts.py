@@ -3,7 +3,7 @@
 - ``memory_vs_segments``: activation and peak bytes against ``checkpoint.segments``, one
   line per combination of the other axes, with the expected activation bytes per segment
   count computed from each baseline's own blocks (its ``block_profile``: what each block
-  keeps and passes on; :func:`ckptlab.chain.kept_after_forward`), after Chen et al.
+  keeps and passes on; :func:`ckptlab.planning.chain.kept_after_forward`), after Chen et al.
   2016's segment law but without its uniform-block assumption (issue 23: for the
   transformer that law predicted no saving at 8 segments); no curve for a baseline without
   a profile, and the title says so.
@@ -23,17 +23,21 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from backend.services.sweeps import SweepRow, sweep_rows
-from ckptlab.chain import BlockProfile, kept_after_forward, sequential_segments
+from ckptlab.backend.services.sweeps import SweepRow, sweep_rows
 from ckptlab.db.models import Sweep
 from ckptlab.domain import Status
+from ckptlab.planning.chain import BlockProfile, kept_after_forward, sequential_segments
+from ckptlab.spec.experiment import ExperimentSpec
+from ckptlab.spec.sweeps import axis_label
 from ckptlab.strategies import STRATEGIES
 from ckptlab.summary import RunSummary
-from ckptlab.sweeps import axis_label, get_path
 
 __all__ = ["CHARTS", "build_chart", "pareto_frontier"]
 
 SEGMENTS = "checkpoint.segments"
+#: The runs' validated specs by experiment id; None for a stored spec that no longer
+#: validates (that run is left out of the charts that read its spec).
+_Specs = Mapping[int, ExperimentSpec | None]
 
 
 def pareto_frontier(points: Sequence[tuple[float, float]]) -> list[int]:
@@ -66,20 +70,25 @@ def _block_profile(summary: Any) -> list[BlockProfile] | None:
     return [BlockProfile(r["retained_bytes"], r["input_bytes"], 0.0, output_bytes=r["output_bytes"]) for r in records]
 
 
-def _curves(
-    rows: Sequence[SweepRow], specs: Mapping[int, Mapping[str, Any]], paths: Sequence[str]
-) -> dict[str, list[SweepRow]]:
+def _curves(rows: Sequence[SweepRow], specs: _Specs, paths: Sequence[str]) -> dict[str, list[SweepRow]]:
     """Succeeded runs of a strategy set by segments (``sequential``), grouped by the values of
-    every axis but segments."""
+    every axis but segments, each group by segment count; runs without a valid spec are left
+    out."""
     other = [p for p in paths if p != SEGMENTS]
     groups: dict[str, list[SweepRow]] = defaultdict(list)
     for r in rows:
-        spec = specs.get(r.experiment_id, {})
-        if r.role == "run" and _done(r) and _by_segments(get_path(spec, "checkpoint.strategy")):
+        spec = specs.get(r.experiment_id)
+        if spec is not None and r.role == "run" and _done(r) and _by_segments(spec.checkpoint.strategy):
             groups[axis_label(r.values, other)].append(r)
     for members in groups.values():
-        members.sort(key=lambda r: get_path(specs[r.experiment_id], SEGMENTS, 1))
+        members.sort(key=lambda r: _segments(specs, r))
     return dict(groups)
+
+
+def _segments(specs: _Specs, row: SweepRow) -> int:
+    """The segment count of ``row``'s run (1, the field's default, without a valid spec)."""
+    spec = specs.get(row.experiment_id)
+    return spec.checkpoint.segments if spec is not None else 1
 
 
 def _name(prefix: str, label: str) -> str:
@@ -96,59 +105,90 @@ def _layout(title: str, x: str, y: str, **extra: Any) -> dict[str, Any]:
     }
 
 
-def _memory_vs_segments(sweep: Sweep, rows: Sequence[SweepRow], specs: Mapping[int, Mapping[str, Any]]) -> go.Figure:
+def _memory_vs_segments(sweep: Sweep, rows: Sequence[SweepRow], specs: _Specs) -> go.Figure:
     # Activations (with the expected curve) get their own axis above the peak: a 0.3-MiB
     # activation line on a 17-MiB peak axis would lie flat.
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08)
     curves = _curves(rows, specs, list(sweep.axes))
-    seg = {r.experiment_id: get_path(specs[r.experiment_id], SEGMENTS, 1) for g in curves.values() for r in g}
+    seg = {r.experiment_id: _segments(specs, r) for g in curves.values() for r in g}
     for label, members in curves.items():
-        x = [seg[r.experiment_id] for r in members]
-        for prefix, metric, dash, row in (
-            ("activation", "activation_bytes", "solid", 1),
-            ("peak", "peak_allocated_bytes", "dot", 2),
-        ):
-            fig.add_trace(
-                go.Scatter(
-                    x=x,
-                    y=[r.metrics[metric] for r in members],
-                    mode="lines+markers",
-                    name=_name(prefix, label),
-                    legendgroup=label,
-                    line={"dash": dash},
-                ),
-                row=row,
-                col=1,
-            )
-    by_id = {r.experiment_id: r for r in rows}
+        _add_measured(fig, label, members, [seg[r.experiment_id] for r in members])
+    missing = _add_expected(fig, sweep, rows, curves, seg)
+    _memory_layout(fig, missing)
+    return fig
+
+
+def _add_measured(fig: go.Figure, label: str, members: Sequence[SweepRow], x: list[int]) -> None:
+    """One curve's measured lines: activation bytes (top panel) and peak bytes (bottom)
+    against segment counts ``x``."""
+    for prefix, metric, dash, row in (
+        ("activation", "activation_bytes", "solid", 1),
+        ("peak", "peak_allocated_bytes", "dot", 2),
+    ):
+        fig.add_trace(
+            go.Scatter(
+                x=x,
+                y=[r.metrics[metric] for r in members],
+                mode="lines+markers",
+                name=_name(prefix, label),
+                legendgroup=label,
+                line={"dash": dash},
+            ),
+            row=row,
+            col=1,
+        )
+
+
+def _add_expected(
+    fig: go.Figure,
+    sweep: Sweep,
+    rows: Sequence[SweepRow],
+    curves: Mapping[str, list[SweepRow]],
+    seg: Mapping[int, int],
+) -> int:
+    """The expected activation curve of each succeeded baseline of the curves (top panel);
+    returns how many such baselines had no block profile (no curve)."""
     summaries = {e.id: e.summary for e in sweep.experiments}
-    baselines = sorted({r.baseline_id for g in curves.values() for r in g if r.baseline_id is not None})
-    usable = [by_id[b] for b in baselines if _done(by_id[b]) and by_id[b].metrics["activation_bytes"]]
+    usable = _usable_baselines(rows, curves)
     missing = 0
     for base in usable:
         profile = _block_profile(summaries.get(base.experiment_id))
         if profile is None:
             missing += 1
             continue
-        top = max([seg[r.experiment_id] for g in curves.values() for r in g if r.baseline_id == base.experiment_id])
-        ns = list(range(1, min(len(profile), max(top, 1)) + 1))
-        # What the baseline kept beyond its blocks (stem, head, loss) stays; the blocks keep
-        # what the split leaves them (ckptlab.chain.kept_after_forward).
-        outside = base.metrics["activation_bytes"] - sum(b.retained_bytes for b in profile)
+        top = max(seg[r.experiment_id] for g in curves.values() for r in g if r.baseline_id == base.experiment_id)
         group = axis_label(base.group)
-        fig.add_trace(
-            go.Scatter(
-                x=ns,
-                y=[outside + kept_after_forward(profile, sequential_segments(len(profile), n)) for n in ns],
-                mode="lines",
-                name="expected" if len(usable) == 1 or not group else f"expected {group}",
-                line={"dash": "dash", "color": "grey"},
-                hovertemplate="N=%{x}: %{y:.3s}B<extra>from the baseline's blocks: what each keeps and "
-                "passes on (RNG states, a few KiB per checkpoint, not counted)</extra>",
-            ),
-            row=1,
-            col=1,
-        )
+        name = "expected" if len(usable) == 1 or not group else f"expected {group}"
+        fig.add_trace(_expected_trace(base, profile, top, name), row=1, col=1)
+    return missing
+
+
+def _usable_baselines(rows: Sequence[SweepRow], curves: Mapping[str, list[SweepRow]]) -> list[SweepRow]:
+    """The curves' baselines (by id) that succeeded and recorded activation bytes."""
+    by_id = {r.experiment_id: r for r in rows}
+    baselines = sorted({r.baseline_id for g in curves.values() for r in g if r.baseline_id is not None})
+    return [by_id[b] for b in baselines if _done(by_id[b]) and by_id[b].metrics["activation_bytes"]]
+
+
+def _expected_trace(base: SweepRow, profile: list[BlockProfile], top: int, name: str) -> go.Scatter:
+    """The activation bytes expected of 1 to ``top`` segments (at most one per block) from
+    the baseline's blocks: what the baseline kept beyond its blocks (stem, head, loss) stays;
+    the blocks keep what the split leaves them (:func:`ckptlab.planning.chain.kept_after_forward`)."""
+    ns = list(range(1, min(len(profile), max(top, 1)) + 1))
+    outside = base.metrics["activation_bytes"] - sum(b.retained_bytes for b in profile)
+    return go.Scatter(
+        x=ns,
+        y=[outside + kept_after_forward(profile, sequential_segments(len(profile), n)) for n in ns],
+        mode="lines",
+        name=name,
+        line={"dash": "dash", "color": "grey"},
+        hovertemplate="N=%{x}: %{y:.3s}B<extra>from the baseline's blocks: what each keeps and "
+        "passes on (RNG states, a few KiB per checkpoint, not counted)</extra>",
+    )
+
+
+def _memory_layout(fig: go.Figure, missing: int) -> None:
+    """Title and axes of the memory chart; the title says when a baseline had no profile."""
     caption = "" if not missing else " (no expected curve: the baseline recorded no block profile)"
     fig.update_layout(
         _layout(
@@ -161,10 +201,9 @@ def _memory_vs_segments(sweep: Sweep, rows: Sequence[SweepRow], specs: Mapping[i
     fig.update_yaxes(title_text="activations (bytes)", row=1, col=1)
     fig.update_yaxes(title_text="peak (bytes)", row=2, col=1)
     fig.update_xaxes(title_text="checkpoint.segments", row=2, col=1)
-    return fig
 
 
-def _time_vs_segments(sweep: Sweep, rows: Sequence[SweepRow], specs: Mapping[int, Mapping[str, Any]]) -> go.Figure:
+def _time_vs_segments(sweep: Sweep, rows: Sequence[SweepRow], specs: _Specs) -> go.Figure:
     fig = go.Figure()
     for label, members in _curves(rows, specs, list(sweep.axes)).items():
         est = [r.metrics["overhead_pct"] for r in members]
@@ -173,7 +212,7 @@ def _time_vs_segments(sweep: Sweep, rows: Sequence[SweepRow], specs: Mapping[int
         has_ci = all(v is not None for v in (*est, *low, *high))
         fig.add_trace(
             go.Scatter(
-                x=[get_path(specs[r.experiment_id], SEGMENTS, 1) for r in members],
+                x=[_segments(specs, r) for r in members],
                 y=est,
                 mode="lines+markers",
                 name=_name("overhead", label),
@@ -200,7 +239,7 @@ def _time_vs_segments(sweep: Sweep, rows: Sequence[SweepRow], specs: Mapping[int
     return fig
 
 
-def _pareto(sweep: Sweep, rows: Sequence[SweepRow], specs: Mapping[int, Mapping[str, Any]]) -> go.Figure:
+def _pareto(sweep: Sweep, rows: Sequence[SweepRow], specs: _Specs) -> go.Figure:
     metric = "peak_allocated_bytes"
     pts = [r for r in rows if _done(r) and r.metrics["step_time_ms"] is not None and r.metrics[metric] is not None]
     fig = go.Figure()
@@ -234,7 +273,7 @@ def _pareto(sweep: Sweep, rows: Sequence[SweepRow], specs: Mapping[int, Mapping[
     return fig
 
 
-def _correctness(sweep: Sweep, rows: Sequence[SweepRow], specs: Mapping[int, Mapping[str, Any]]) -> go.Figure:
+def _correctness(sweep: Sweep, rows: Sequence[SweepRow], specs: _Specs) -> go.Figure:
     runs = [r for r in rows if r.role == "run" and _done(r)]
     colors = {True: "seagreen", False: "crimson", None: "grey"}
     fig = go.Figure(
@@ -262,7 +301,7 @@ def _correctness(sweep: Sweep, rows: Sequence[SweepRow], specs: Mapping[int, Map
     return fig
 
 
-CHARTS: dict[str, Callable[[Sweep, Sequence[SweepRow], Mapping[int, Mapping[str, Any]]], go.Figure]] = {
+CHARTS: dict[str, Callable[[Sweep, Sequence[SweepRow], _Specs], go.Figure]] = {
     "memory_vs_segments": _memory_vs_segments,
     "time_vs_segments": _time_vs_segments,
     "pareto": _pareto,
@@ -283,7 +322,7 @@ def build_chart(sweep: Sweep, *, name: str) -> dict[str, Any]:
         KeyError: ``name`` is not a chart.
     """
     rows = sweep_rows(sweep)
-    specs = {e.id: e.spec or {} for e in sweep.experiments}
+    specs = {e.id: e.experiment_spec for e in sweep.experiments}
     fig = CHARTS[name](sweep, rows, specs)
     out = json.loads(fig.to_json(validate=False))
     return {"data": out.get("data", []), "layout": out.get("layout", {})}

@@ -1,24 +1,23 @@
 """An experiment against its ``none`` baseline: which baseline runs, and the step-time
 overhead with its 95% confidence interval, computed once on the server so that the
 experiment page, the sweep table and the recommendation use the same rule
-(:attr:`ckptlab.stats.RatioInterval.measurable`)."""
+(:attr:`ckptlab.analysis.stats.RatioInterval.measurable`)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from backend.services.sweeps import overhead_words, step_samples, sweep_rows
+from ckptlab.analysis.stats import NOISE_THRESHOLD_PCT, paired_ratio_ci, ratio_ci
+from ckptlab.backend.services.sweeps import overhead_words, step_samples, sweep_rows
 from ckptlab.db import store
 from ckptlab.db.models import Experiment
 from ckptlab.domain import Status
-from ckptlab.stats import NOISE_THRESHOLD_PCT, paired_ratio_ci, ratio_ci
+from ckptlab.spec.experiment import ExperimentSpec
 from ckptlab.strategies import BASELINE
-from ckptlab.summary import RunSummary
 
 __all__ = ["Comparison", "compare_with_baseline", "MAX_BASELINE_RUNS"]
 
@@ -42,7 +41,7 @@ class Comparison:
             :data:`MAX_BASELINE_RUNS` succeeded ``none`` runs whose spec equals its own
             but for ``checkpoint``, ``timeout_s``, ``memory_snapshot`` and
             ``verify_gradients``), oldest first; empty when there is none.
-        overhead: :class:`ckptlab.stats.RatioInterval` as a dict (``estimate_pct``,
+        overhead: :class:`ckptlab.analysis.stats.RatioInterval` as a dict (``estimate_pct``,
             ``low_pct``, ``high_pct``, ``measurable``), or None without timed steps.
         overhead_text: it in words (``"+18% (95% CI +12% to +25%)"`` or ``"no measurable
             difference (...)"``), or None.
@@ -60,56 +59,37 @@ class Comparison:
 _NOT_WORKLOAD = ("checkpoint", "timeout_s", "memory_snapshot", "verify_gradients")
 
 
-def _workload(spec: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in spec.items() if k not in _NOT_WORKLOAD}
+def _workload(spec: ExperimentSpec | None) -> dict[str, Any] | None:
+    """What a run trains, less how it checkpoints and how long it may take: two runs with
+    the same workload are each other's baseline. None for a spec that no longer validates."""
+    return spec.model_dump(mode="json", exclude=set(_NOT_WORKLOAD)) if spec is not None else None
 
 
 def compare_with_baseline(
     session: Session, *, experiment: Experiment, noise_threshold_pct: float = NOISE_THRESHOLD_PCT
 ) -> Comparison:
-    """The comparison of ``experiment`` with its baseline (see :class:`Comparison`).
+    """The comparison of ``experiment`` with its baseline (see :class:`Comparison`): its own
+    paired rounds when it has them; in a sweep, its row's (:func:`sweep_rows`); otherwise
+    against the timed steps of the latest succeeded baselines of the same workload.
 
     The baseline's timed steps of all its runs are pooled, so that a drift between them
     widens the interval instead of biasing it. ``noise_threshold_pct``: the least estimate
-    that counts as a difference (:attr:`ckptlab.stats.RatioInterval.measurable`).
+    that counts as a difference (:attr:`ckptlab.analysis.stats.RatioInterval.measurable`).
     """
-    spec = experiment.spec if isinstance(experiment.spec, Mapping) else {}
     if experiment.strategy == BASELINE:  # the row's column, stored from the spec
         return Comparison(experiment_id=experiment.id, is_baseline=True)
     if experiment.sweep_id is not None:
-        sweep = store.get_sweep(session, sweep_id=experiment.sweep_id)
-        rows = sweep_rows(sweep, noise_threshold_pct=noise_threshold_pct) if sweep is not None else []
-        row = next((r for r in rows if r.experiment_id == experiment.id), None)
-        if row is not None and row.baseline_id is not None:
-            ids = [
-                r.experiment_id
-                for r in rows
-                if r.role == "baseline"
-                and r.status == Status.SUCCEEDED
-                and (r.experiment_id == row.baseline_id or r.repeat_of == row.baseline_id)
-            ]
-            return Comparison(experiment.id, False, ids, row.overhead, row.overhead_text, row.paired is not None)
-    want = _workload(spec)
-    candidates = session.scalars(
-        select(Experiment)
-        .where(
-            Experiment.strategy == BASELINE,
-            Experiment.status == Status.SUCCEEDED,
-            Experiment.model_kind == experiment.model_kind,
-            Experiment.id != experiment.id,
-        )
-        .order_by(Experiment.id.desc())
-        .limit(_SCAN)
-    ).all()
-    matches = [e for e in candidates if isinstance(e.spec, Mapping) and _workload(e.spec) == want]
-    matches = sorted(matches[:MAX_BASELINE_RUNS], key=lambda e: e.id)
-    summary = RunSummary.load(experiment.summary)
+        in_sweep = _in_sweep(session, experiment, noise_threshold_pct)
+        if in_sweep is not None:
+            return in_sweep
+    matches = _same_workload_baselines(session, experiment)
+    summary = experiment.run_summary
     rounds = summary.paired_rounds()
     if rounds is not None:  # its own paired rounds (issue 19): the runs are for memory only
         interval = paired_ratio_ci(rounds[0], rounds[1], threshold_pct=noise_threshold_pct)
         words = overhead_words(interval, paired=rounds[2])
     elif matches:
-        pooled = [t for e in matches for t in step_samples(e.summary)]
+        pooled = [t for e in matches for t in step_samples(e)]
         interval = ratio_ci(pooled, summary.step_times_ms, threshold_pct=noise_threshold_pct)
         words = overhead_words(interval, paired=False)
     else:
@@ -122,3 +102,42 @@ def compare_with_baseline(
         overhead_text=words,
         paired=rounds is not None,
     )
+
+
+def _in_sweep(session: Session, experiment: Experiment, noise_threshold_pct: float) -> Comparison | None:
+    """The comparison its sweep's row makes (with every run of the row's baseline), or None
+    when the row has no baseline."""
+    sweep = store.get_sweep(session, sweep_id=experiment.sweep_id)
+    rows = sweep_rows(sweep, noise_threshold_pct=noise_threshold_pct) if sweep is not None else []
+    row = next((r for r in rows if r.experiment_id == experiment.id), None)
+    if row is None or row.baseline_id is None:
+        return None
+    ids = [
+        r.experiment_id
+        for r in rows
+        if r.role == "baseline"
+        and r.status == Status.SUCCEEDED
+        and (r.experiment_id == row.baseline_id or r.repeat_of == row.baseline_id)
+    ]
+    return Comparison(experiment.id, False, ids, row.overhead, row.overhead_text, row.paired is not None)
+
+
+def _same_workload_baselines(session: Session, experiment: Experiment) -> list[Experiment]:
+    """The latest succeeded baselines (at most :data:`MAX_BASELINE_RUNS`, oldest first) whose
+    workload is ``experiment``'s, among the last :data:`_SCAN` of its model kind."""
+    want = _workload(experiment.experiment_spec)
+    if want is None:
+        return []
+    candidates = session.scalars(
+        select(Experiment)
+        .where(
+            Experiment.strategy == BASELINE,
+            Experiment.status == Status.SUCCEEDED,
+            Experiment.model_kind == experiment.model_kind,
+            Experiment.id != experiment.id,
+        )
+        .order_by(Experiment.id.desc())
+        .limit(_SCAN)
+    ).all()
+    matches = [e for e in candidates if _workload(e.experiment_spec) == want]
+    return sorted(matches[:MAX_BASELINE_RUNS], key=lambda e: e.id)

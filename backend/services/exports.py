@@ -13,11 +13,10 @@ from typing import Any
 
 from fastapi.responses import StreamingResponse
 
-from backend.encoding import utf8_safe
-from backend.services.queries import STEP_COLUMNS, StepRow
-from backend.services.sweeps import ROW_METRICS, SweepRow
+from ckptlab.backend.encoding import utf8_safe
+from ckptlab.backend.services.queries import STEP_COLUMNS, StepRow
+from ckptlab.backend.services.sweeps import ROW_METRICS, SweepRow
 from ckptlab.db.models import Experiment
-from ckptlab.summary import RunSummary
 
 __all__ = [
     "CSV_MEDIA_TYPE",
@@ -86,8 +85,7 @@ def experiment_record(exp: Experiment) -> dict[str, Any]:
     rec = {c: getattr(exp, c) for c in EXPERIMENT_COLUMNS}
     rec["error"] = exp.error.splitlines()[0] if exp.error else None
     rec.update(flatten(exp.spec or {}, "spec"))
-    if exp.summary is not None:
-        rec.update(flatten(RunSummary.load(exp.summary).dump(), "summary"))
+    rec.update(flatten(exp.run_summary.dump(), "summary"))
     return rec
 
 
@@ -119,7 +117,7 @@ def sweep_result_record(row: SweepRow) -> dict[str, Any]:
 
 
 def step_csv_rows(rows: Iterable[StepRow]) -> Iterator[dict[str, Any]]:
-    """Step rows as records with the columns of :data:`backend.services.queries.STEP_COLUMNS`."""
+    """Step rows as records with the columns of :data:`ckptlab.backend.services.queries.STEP_COLUMNS`."""
     for r in rows:
         yield {"attempt": r.attempt, **r.data}
 

@@ -7,7 +7,7 @@ base spec with ``checkpoint: {strategy: auto, budget_bytes}``, and the axes
 ``checkpoint.segments`` (powers of two up to the depth, and the depth), and the compiler's
 own budget (``compile_budget`` at each ``checkpoint.activation_memory_budget`` asked for;
 1.0, the default partition, is their time baseline). Strategies that do
-not read segments are queued once (:func:`ckptlab.sweeps.canonical`); the ``none`` baseline
+not read segments are queued once (:func:`ckptlab.spec.sweeps.canonical`); the ``none`` baseline
 is the sweep's own. A sweep is a plan when it holds an ``auto`` run.
 """
 
@@ -17,13 +17,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from backend.services.charts import pareto_frontier
-from backend.services.recommend import Recommendation, recommend
-from backend.services.sweeps import SweepRow, sweep_rows
+from ckptlab.backend.services.charts import pareto_frontier
+from ckptlab.backend.services.recommend import Recommendation, recommend
+from ckptlab.backend.services.sweeps import SweepRow, sweep_rows
 from ckptlab.db.models import Sweep
 from ckptlab.domain import Status
 from ckptlab.strategies import BASELINE, STRATEGIES
-from ckptlab.sweeps import get_path
 
 __all__ = ["plan_request", "PlanVerdict", "plan_verdict", "PLANNED", "COMPARED", "COMPILED"]
 
@@ -107,11 +106,11 @@ class PlanVerdict:
 
 
 def _budget(sweep: Sweep) -> int | None:
+    """The budget (bytes) of the sweep's planned run, or None when it has none."""
     for exp in sweep.experiments:
-        if get_path(exp.spec or {}, "checkpoint.strategy") == PLANNED:
-            budget = get_path(exp.spec, "checkpoint.budget_bytes")
-            if isinstance(budget, int):
-                return budget
+        spec = exp.experiment_spec
+        if spec is not None and spec.checkpoint.strategy == PLANNED and spec.checkpoint.budget_bytes is not None:
+            return spec.checkpoint.budget_bytes
     return None
 
 
@@ -142,11 +141,12 @@ def plan_verdict(sweep: Sweep, *, noise_threshold_pct: float) -> PlanVerdict | N
         points[done[i]].on_front = True
     plan = None
     for exp in sweep.experiments:
-        if exp.strategy == PLANNED and exp.status == Status.SUCCEEDED and isinstance(exp.summary, Mapping):
-            plan = exp.summary.get("plan")
+        if exp.strategy == PLANNED and exp.status == Status.SUCCEEDED:
+            summary = exp.run_summary
+            plan = summary.plan
             for p in points:
                 if p.experiment_id == exp.id:
-                    p.predicted_peak_bytes = exp.summary.get("predicted_peak_bytes")
+                    p.predicted_peak_bytes = summary.predicted_peak_bytes
     finished = all(Status(r.status).finished for r in rows)
     return PlanVerdict(
         sweep_id=sweep.id,

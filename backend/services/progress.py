@@ -1,5 +1,5 @@
 """How far a queued or running experiment and a sweep have got (issue 23): the reads behind
-``ExperimentPublic.progress`` and a sweep's ETA; the arithmetic is :mod:`ckptlab.progress`'s,
+``ExperimentPublic.progress`` and a sweep's ETA; the arithmetic is :mod:`ckptlab.analysis.progress`'s,
 shared with ``ckptlab run``'s progress bar."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from datetime import datetime
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from ckptlab.analysis.progress import RunProgress, run_progress
 from ckptlab.db.database import is_postgresql
 from ckptlab.db.models import Experiment, utcnow
 from ckptlab.db.store import latest_step_record
 from ckptlab.domain import Status
-from ckptlab.progress import RunProgress, run_progress
 
 __all__ = ["experiment_progress", "first_started", "now_of"]
 

@@ -4,15 +4,15 @@ Rules (issue: "a recommendation that never acts on noise"):
 
 - Only succeeded runs whose gradients were not found to differ are candidates; a baseline's
   second run is not one (its timed steps join the first run's, see
-  :func:`backend.services.sweeps.sweep_rows`).
+  :func:`ckptlab.backend.services.sweeps.sweep_rows`).
 - A checkpointing setting counts as saving memory only when its peak is lower than its
-  baseline's by more than :data:`~ckptlab.explain.SAVING_THRESHOLD` (1%) and
-  :data:`~ckptlab.explain.SAVING_FLOOR_BYTES` (4 KiB), and its activations are too: a
+  baseline's by more than :data:`~ckptlab.analysis.explain.SAVING_THRESHOLD` (1%) and
+  :data:`~ckptlab.analysis.explain.SAVING_FLOOR_BYTES` (4 KiB), and its activations are too: a
   setting that leaves activations unchanged (``segments: 1``) never wins on a faster step
   time that is noise.
 - Two candidates' step times differ only when the bootstrap 95% CI of their ratio excludes
-  0 and their estimate reaches the noise threshold (:func:`ckptlab.stats.ratio_ci`,
-  :data:`ckptlab.stats.NOISE_THRESHOLD_PCT`); otherwise they tie, and a tie goes to the simpler
+  0 and their estimate reaches the noise threshold (:func:`ckptlab.analysis.stats.ratio_ci`,
+  :data:`ckptlab.analysis.stats.NOISE_THRESHOLD_PCT`); otherwise they tie, and a tie goes to the simpler
   setting (none, then sequential with fewer segments, per_block, selective, offload).
 - With a memory budget: the baseline when it fits; else the fastest fitting setting with a
   real saving. Without a budget: the setting with the lowest peak among those with a real
@@ -25,9 +25,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from backend.services.sweeps import SweepRow, compare_rows
+from ckptlab.analysis.explain import SAVING_FLOOR_BYTES, SAVING_THRESHOLD, format_bytes
+from ckptlab.backend.services.sweeps import SweepRow, compare_rows
 from ckptlab.domain import Status
-from ckptlab.explain import SAVING_FLOOR_BYTES, SAVING_THRESHOLD, format_bytes
 
 __all__ = ["Recommendation", "recommend"]
 
@@ -81,7 +81,7 @@ def _real_saving(r: SweepRow, base: SweepRow | None) -> bool:
 
 def _faster(a: SweepRow, b: SweepRow) -> bool:
     """Whether ``a`` is measurably faster than ``b`` (the 95% CI of ``b`` over ``a`` is
-    above 0 and the estimate at least the noise threshold, :attr:`ckptlab.stats.RatioInterval.measurable`)."""
+    above 0 and the estimate at least the noise threshold, :attr:`ckptlab.analysis.stats.RatioInterval.measurable`)."""
     interval = compare_rows(a, b)
     return interval is not None and interval.measurable and interval.low_pct > 0
 
@@ -128,7 +128,7 @@ def recommend(
     """Recommend a setting from a sweep's rows (see the module docstring for the rules).
 
     Args:
-        rows: :func:`backend.services.sweeps.sweep_rows` of one sweep.
+        rows: :func:`ckptlab.backend.services.sweeps.sweep_rows` of one sweep.
         budget_bytes: the memory budget for the peak (bytes), or None.
         within_pct: also name the smallest setting within this step-time overhead (%) of
             the fastest (:attr:`Recommendation.smallest_within`), or None.
@@ -150,67 +150,101 @@ def _eligible_ids(rows: Sequence[SweepRow], rec: Recommendation) -> list[int]:
     return [i for i in rec.considered if i not in out]
 
 
-def _recommend(rows: Sequence[SweepRow], budget_bytes: int | None) -> Recommendation:
+def _exclusion(r: SweepRow) -> str | None:
+    """Why a run cannot be recommended at all, or None when it is a candidate."""
+    if r.status != Status.SUCCEEDED or r.metrics.get("peak_allocated_bytes") is None:
+        return f"status {r.status}"
+    if r.gradients_match is False:
+        return "its gradients differ"
+    if r.repeat_of is not None:
+        return f"second run of baseline {r.repeat_of}: its step times join the baseline's, and show drift"
+    return None
+
+
+@dataclass
+class _Pool:
+    """The runs a recommendation chooses from: candidates (succeeded, gradients right, first
+    runs), of which the baselines and the runs with a real saving; what was left out, why."""
+
+    candidates: list[SweepRow]
+    baselines: list[SweepRow]
+    saving: list[SweepRow]
+    excluded: list[dict]
+
+
+def _pool(rows: Sequence[SweepRow]) -> _Pool:
     by_id = {r.experiment_id: r for r in rows}
     excluded: list[dict] = []
     candidates: list[SweepRow] = []
     for r in rows:
-        if r.status != Status.SUCCEEDED or r.metrics.get("peak_allocated_bytes") is None:
-            excluded.append({"experiment_id": r.experiment_id, "label": r.label, "why": f"status {r.status}"})
-        elif r.gradients_match is False:
-            excluded.append({"experiment_id": r.experiment_id, "label": r.label, "why": "its gradients differ"})
-        elif r.repeat_of is not None:
-            why = f"second run of baseline {r.repeat_of}: its step times join the baseline's, and show drift"
-            excluded.append({"experiment_id": r.experiment_id, "label": r.label, "why": why})
-        else:
+        why = _exclusion(r)
+        if why is None:
             candidates.append(r)
+        else:
+            excluded.append({"experiment_id": r.experiment_id, "label": r.label, "why": why})
     baselines = [r for r in candidates if r.role == "baseline"]
     saving = [r for r in candidates if r.role == "run" and _real_saving(r, by_id.get(r.baseline_id))]
     for r in candidates:
         if r.role == "run" and r not in saving:
             why = "no real memory saving against its baseline (peak or activations within 1% / 4 KiB)"
             excluded.append({"experiment_id": r.experiment_id, "label": r.label, "why": why})
-    considered = [r.experiment_id for r in candidates]
+    return _Pool(candidates, baselines, saving, excluded)
 
+
+def _recommend(rows: Sequence[SweepRow], budget_bytes: int | None) -> Recommendation:
+    """The pick and its reason: under a budget, the fastest setting whose peak fits (the
+    baseline first, if it fits); without one, the lowest peak with a real saving."""
+    pool = _pool(rows)
     fits = None
     if budget_bytes is not None:
-        fits = [r.experiment_id for r in [*baselines, *saving] if _peak(r) <= budget_bytes]
+        fits = [r.experiment_id for r in [*pool.baselines, *pool.saving] if _peak(r) <= budget_bytes]
+    considered = [r.experiment_id for r in pool.candidates]
 
-    def pick(r: SweepRow, reason: str) -> Recommendation:
-        return Recommendation(r.experiment_id, r.label, reason, budget_bytes, considered, excluded, fits)
-
-    def none_(reason: str) -> Recommendation:
-        return Recommendation(None, None, reason, budget_bytes, considered, excluded, fits)
-
-    if not candidates:
-        return none_("no succeeded run with matching gradients to recommend")
-    if budget_bytes is not None:
-        fitting_base = [r for r in baselines if _peak(r) <= budget_bytes]
-        if fitting_base:
-            r = _best(fitting_base, by_peak=False)
-            return pick(r, f"no checkpointing needed: the baseline's peak {format_bytes(_peak(r))} fits the budget")
-        fitting = [r for r in saving if _peak(r) <= budget_bytes]
-        if not fitting:
-            low = min(candidates, key=_peak)
-            return none_(
-                f"nothing fits {format_bytes(budget_bytes)}: the lowest peak is {format_bytes(_peak(low))} "
-                f"({low.label}){_why_peak(rows)}"
-            )
-        r = _best(fitting, by_peak=False)
-        return pick(
-            r,
-            f"the fastest setting whose peak fits {format_bytes(budget_bytes)}: peak {format_bytes(_peak(r))}, "
-            f"step time {r.overhead_text or 'overhead unknown'}; simpler settings win ties within the noise",
+    def answer(r: SweepRow | None, reason: str) -> Recommendation:
+        return Recommendation(
+            r.experiment_id if r else None,
+            r.label if r else None,
+            reason,
+            budget_bytes,
+            considered,
+            pool.excluded,
+            fits,
         )
-    if not saving:
-        base = _best(baselines, by_peak=False) if baselines else None
-        reason = "nothing beats the baseline: no setting lowers the peak by more than 1%" + _why_peak(rows)
-        return pick(base, reason) if base else none_(reason)
-    r = _best(saving, by_peak=True)
+
+    if not pool.candidates:
+        return answer(None, "no succeeded run with matching gradients to recommend")
+    if budget_bytes is not None:
+        return answer(*_under_budget(rows, pool, budget_bytes))
+    return answer(*_lowest_peak(rows, pool))
+
+
+def _under_budget(rows: Sequence[SweepRow], pool: _Pool, budget_bytes: int) -> tuple[SweepRow | None, str]:
+    fitting_base = [r for r in pool.baselines if _peak(r) <= budget_bytes]
+    if fitting_base:
+        r = _best(fitting_base, by_peak=False)
+        return r, f"no checkpointing needed: the baseline's peak {format_bytes(_peak(r))} fits the budget"
+    fitting = [r for r in pool.saving if _peak(r) <= budget_bytes]
+    if not fitting:
+        low = min(pool.candidates, key=_peak)
+        return None, (
+            f"nothing fits {format_bytes(budget_bytes)}: the lowest peak is {format_bytes(_peak(low))} "
+            f"({low.label}){_why_peak(rows)}"
+        )
+    r = _best(fitting, by_peak=False)
+    return r, (
+        f"the fastest setting whose peak fits {format_bytes(budget_bytes)}: peak {format_bytes(_peak(r))}, "
+        f"step time {r.overhead_text or 'overhead unknown'}; simpler settings win ties within the noise"
+    )
+
+
+def _lowest_peak(rows: Sequence[SweepRow], pool: _Pool) -> tuple[SweepRow | None, str]:
+    if not pool.saving:
+        base = _best(pool.baselines, by_peak=False) if pool.baselines else None
+        return base, "nothing beats the baseline: no setting lowers the peak by more than 1%" + _why_peak(rows)
+    r = _best(pool.saving, by_peak=True)
     saved = r.metrics.get("peak_saving_pct")
-    return pick(
-        r,
+    return r, (
         f"the lowest peak with a real saving: {format_bytes(_peak(r))}"
         + (f" ({saved:.0f}% below its baseline)" if saved is not None else "")
-        + f", step time {r.overhead_text or 'overhead unknown'}; simpler settings win ties within the noise",
+        + f", step time {r.overhead_text or 'overhead unknown'}; simpler settings win ties within the noise"
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from backend.schemas import Message
+from ckptlab.backend.schemas import Message
 
 __all__ = ["NOT_FOUND_RESPONSE", "WRITE_RESPONSES", "CSV_RESPONSE", "SSE_RESPONSE"]
 

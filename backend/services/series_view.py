@@ -7,7 +7,7 @@ bucket's first, min, max and last point, finer levels and single steps fill the 
 ragged ends, and MinMaxLTTB picks ``max_points`` among those. Its cost depends on
 ``max_points``, not on the run's length; the count and the extremes are exact, since each
 bucket holds its own. A short range (under about ``64 * max_points`` steps) reads every
-step in it: the whole run through the :class:`~backend.services.series.SeriesCache`, a
+step in it: the whole run through the :class:`~ckptlab.backend.services.series.SeriesCache`, a
 zoomed range with one indexed query. A rollup that does not reach the run's first or last
 step (steps stored another way: ``ckptlab db rebuild-rollups``) is not used.
 """
@@ -21,7 +21,14 @@ import numpy as np
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from backend.services.series import Series, SeriesCache, SeriesView, downsample_indices, downsample_series, value_of
+from ckptlab.backend.services.series import (
+    Series,
+    SeriesCache,
+    SeriesView,
+    downsample_indices,
+    downsample_series,
+    value_of,
+)
 from ckptlab.db import rollups
 from ckptlab.db.buckets import LEVELS, level_for
 from ckptlab.db.database import raw_cursor

@@ -45,8 +45,8 @@ from fastapi.exceptions import RequestValidationError
 from sqlalchemy.orm import Session, sessionmaker
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
-from backend.services.queries import ExperimentState, StepRow, experiment_states, steps_after
-from backend.services.sweeps import Progress, sweep_progress
+from ckptlab.backend.services.queries import ExperimentState, StepRow, experiment_states, steps_after
+from ckptlab.backend.services.sweeps import Progress, sweep_progress
 from ckptlab.domain import FINISHED_STATUSES, Status
 
 __all__ = [

@@ -11,14 +11,14 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from backend.services.progress import first_started, now_of
+from ckptlab.analysis.progress import SweepEta, format_duration, sweep_eta
+from ckptlab.analysis.stats import NOISE_THRESHOLD_PCT, RatioInterval, paired_ratio_ci, ratio_ci
+from ckptlab.backend.services.progress import first_started, now_of
 from ckptlab.db.models import Experiment, Sweep
 from ckptlab.domain import FINISHED_STATUSES, Status
-from ckptlab.progress import SweepEta, format_duration, sweep_eta
-from ckptlab.stats import NOISE_THRESHOLD_PCT, RatioInterval, paired_ratio_ci, ratio_ci
+from ckptlab.spec.experiment import ExperimentSpec
+from ckptlab.spec.sweeps import axis_label, axis_value, is_checkpoint_axis, reads
 from ckptlab.strategies import BASELINE, STRATEGIES
-from ckptlab.summary import RunSummary
-from ckptlab.sweeps import axis_label, get_path, is_checkpoint_axis, reads
 
 __all__ = [
     "Progress",
@@ -41,7 +41,7 @@ class Progress:
         finished: those in a finished status (succeeded, failed, oom, timed_out, cancelled).
         counts: experiments per status (every status present, zeros included).
         elapsed_s: wall seconds since its first run started (None before one did).
-        eta_s: about how many seconds remain (:func:`ckptlab.progress.sweep_eta`; 0 when
+        eta_s: about how many seconds remain (:func:`ckptlab.analysis.progress.sweep_eta`; 0 when
             done, None before a run finished).
     """
 
@@ -58,7 +58,7 @@ class Progress:
 
     @property
     def eta_text(self) -> str:
-        """``about 3 min left`` (:func:`ckptlab.progress.sweep_eta`); before a run finished,
+        """``about 3 min left`` (:func:`ckptlab.analysis.progress.sweep_eta`); before a run finished,
         that the estimate follows it; empty when done or before a run started."""
         if self.done or self.elapsed_s is None:
             return ""
@@ -134,7 +134,7 @@ class SweepRow:
         status: its status.
         role: ``baseline`` (``checkpoint.strategy`` is ``none``) or ``run``.
         values: axis path -> value (None for a checkpoint axis the run's strategy does not
-            read: segments of a baseline or of per_block; :func:`ckptlab.sweeps.reads`).
+            read: segments of a baseline or of per_block; :func:`ckptlab.spec.sweeps.reads`).
         group: the values of the non-checkpoint axes (which baseline applies).
         baseline_id: the experiment id of the matching baseline (its first run), or None.
         repeat_of: for a baseline's second run (queued after the sweep's runs), the first
@@ -148,8 +148,8 @@ class SweepRow:
         strategy: the spec's ``checkpoint.strategy``; ``simplicity``: a sort key, simplest
             first (none, then sequential with fewer segments, per_block, selective, offload).
         overhead: the step-time overhead against the baseline with its bootstrap 95% CI
-            (:class:`ckptlab.stats.RatioInterval` as a dict), from the timed steps of both
-            (``summary["step_times_ms"]``; the baseline's from all its succeeded runs, so a
+            (:class:`ckptlab.analysis.stats.RatioInterval` as a dict), from the timed steps of both
+            (the summary's ``step_times_ms``; the baseline's from all its succeeded runs, so a
             drift between its first and second run widens the interval); None without
             samples. For a baseline's second run: its drift against the first run.
         overhead_text: it in words: ``"+18% (95% CI +12% to +25%)"`` or ``"no measurable
@@ -161,7 +161,7 @@ class SweepRow:
         noise_threshold_pct: the noise threshold its comparisons use.
         paired: ``(baseline, run, clock)`` times of its paired rounds with an un-checkpointed copy
             in its own process (:meth:`ckptlab.summary.RunSummary.paired_rounds`; issue
-            19), or None. With them the overhead is :func:`ckptlab.stats.paired_ratio_ci`
+            19), or None. With them the overhead is :func:`ckptlab.analysis.stats.paired_ratio_ci`
             of the rounds, not a comparison of separate runs.
     """
 
@@ -199,7 +199,7 @@ def compare_rows(a: SweepRow, b: SweepRow) -> RatioInterval | None:
     measured: two runs with paired rounds compare their per-round ratios to their own
     un-checkpointed copies (a load that differed between the runs cancels); a paired run
     and a baseline compare through the run's rounds; otherwise the step times of separate
-    runs (:func:`ckptlab.stats.ratio_ci`)."""
+    runs (:func:`ckptlab.analysis.stats.ratio_ci`)."""
     threshold = a.noise_threshold_pct
     if a.paired is not None and b.paired is not None:
         ratios = [[s / t for t, s in zip(r.paired[0], r.paired[1], strict=False) if t > 0] for r in (a, b)]
@@ -211,18 +211,17 @@ def compare_rows(a: SweepRow, b: SweepRow) -> RatioInterval | None:
     return ratio_ci(a.step_times_ms, b.step_times_ms, threshold_pct=threshold)
 
 
-def _simplicity(spec: Mapping[str, Any]) -> tuple:
-    """Sort key, simplest first (the strategy table's rank and order); a strategy the table
-    no longer knows sorts last."""
-    ck = spec.get("checkpoint") or {}
-    entry = STRATEGIES.get(str(ck.get("strategy", BASELINE)))
-    return entry.simplicity(ck) if entry is not None else (float("inf"),)
+def _simplicity(spec: ExperimentSpec | None) -> tuple:
+    """Sort key, simplest first (the strategy table's rank and order); a spec that no longer
+    validates, or a strategy the table no longer knows, sorts last."""
+    entry = STRATEGIES.get(spec.checkpoint.strategy) if spec is not None else None
+    return entry.simplicity(spec.checkpoint.model_dump()) if entry is not None else (float("inf"),)
 
 
-def step_samples(summary: Any) -> list[float]:
-    """The timed step times (ms) of a stored summary (``step_times_ms``); [] when there are
-    none (:meth:`ckptlab.summary.RunSummary.load`)."""
-    return RunSummary.load(summary).step_times_ms
+def step_samples(experiment: Experiment) -> list[float]:
+    """The timed step times (ms) of an experiment's summary (``step_times_ms``); [] when
+    there are none (:attr:`ckptlab.db.models.Experiment.run_summary`)."""
+    return experiment.run_summary.step_times_ms
 
 
 #: How an overhead was measured, in its words: separate runs (paired rounds name their clock).
@@ -233,7 +232,7 @@ def overhead_words(
     interval: RatioInterval | None, *, drift: bool = False, paired: str | bool | None = None
 ) -> str | None:
     """An overhead in words; "no measurable difference" when it is not measurable (its 95% CI
-    contains 0 or its estimate is below the noise threshold, :attr:`ckptlab.stats.RatioInterval.measurable`).
+    contains 0 or its estimate is below the noise threshold, :attr:`ckptlab.analysis.stats.RatioInterval.measurable`).
 
     With ``drift``: the same for a baseline's second run against its first ("drift: ...").
     ``paired``: say how it was measured (the clock of paired rounds, e.g. ``"CPU time"``:
@@ -257,92 +256,113 @@ def sweep_rows(sweep: Sweep, *, noise_threshold_pct: float = NOISE_THRESHOLD_PCT
     """One :class:`SweepRow` per experiment of ``sweep`` (in id order), baselines matched.
 
     ``noise_threshold_pct``: the least overhead estimate that counts as a difference
-    (:attr:`ckptlab.stats.RatioInterval.measurable`; the server's ``noise_threshold_pct``).
+    (:attr:`ckptlab.analysis.stats.RatioInterval.measurable`; the server's ``noise_threshold_pct``).
 
-    Summaries are read with :meth:`ckptlab.summary.RunSummary.load`: a key that is missing
-    or holds another type is None.
+    Specs and summaries are read through the store's typed records
+    (:attr:`ckptlab.db.models.Experiment.experiment_spec` and ``run_summary``): a summary
+    key that is missing or holds another type is None; a spec that no longer validates
+    gives a row without axis values.
     """
     paths = list(sweep.axes or {})
-    other = [p for p in paths if not is_checkpoint_axis(p)]
-    rows: list[SweepRow] = []
-    compiled: dict[int, Any] = {}  # experiment id -> activation_memory_budget, for compiled runs
-    for exp in sorted(sweep.experiments, key=lambda e: e.id):
-        spec = exp.spec or {}
-        strategy = str(get_path(spec, "checkpoint.strategy") or BASELINE)
-        if strategy in STRATEGIES and STRATEGIES[strategy].compiles:
-            compiled[exp.id] = get_path(spec, "checkpoint.activation_memory_budget")
-        baseline = strategy == BASELINE
-        # An axis the run's strategy does not read (segments of per_block) has no value here.
-        values = {p: (get_path(spec, p) if reads(strategy, p) else None) for p in paths}
-        summary = RunSummary.load(exp.summary)
-        rows.append(
-            SweepRow(
-                experiment_id=exp.id,
-                status=exp.status,
-                role="baseline" if baseline else "run",
-                values=values,
-                group={p: values[p] for p in other},
-                baseline_id=None,
-                metrics={k: getattr(summary, k) for k in ROW_METRICS},
-                gradients_match=summary.gradients_match,
-                error=exp.error.splitlines()[0] if exp.error else None,
-                label=axis_label(values, [p for p in paths if reads(strategy, p)]) or "base",
-                strategy=str(get_path(spec, "checkpoint.strategy") or BASELINE),
-                simplicity=_simplicity(spec),
-                findings=[f.code for f in summary.findings],
-                peak_phase=summary.peak_phase,
-                peak_explanation=summary.peak_explanation,
-                step_times_ms=summary.step_times_ms,
-                paired=summary.paired_rounds(),
-                noise_threshold_pct=noise_threshold_pct,
-            )
-        )
+    experiments = sorted(sweep.experiments, key=lambda e: e.id)
+    rows = [_row(exp, paths, noise_threshold_pct) for exp in experiments]
+    baselines = _match_baselines(rows, noise_threshold_pct)
+    for r in rows:
+        _compare_with_baseline(r, baselines.get(_group_key(r.group)), noise_threshold_pct)
+    compiled = {
+        exp.id: spec.checkpoint.activation_memory_budget
+        for exp in experiments
+        if (spec := exp.experiment_spec) is not None and STRATEGIES[spec.checkpoint.strategy].compiles
+    }
+    _against_compiled_baseline(rows, compiled, noise_threshold_pct)
+    return rows
+
+
+def _row(exp: Experiment, paths: list[str], noise_threshold_pct: float) -> SweepRow:
+    """An experiment's row before its baseline is matched: its axis values, role, label and
+    the figures of its summary."""
+    spec, summary = exp.experiment_spec, exp.run_summary
+    strategy = spec.checkpoint.strategy if spec is not None else exp.strategy
+    # An axis the run's strategy does not read (segments of per_block) has no value here.
+    values = {p: (axis_value(spec, p) if spec is not None and reads(strategy, p) else None) for p in paths}
+    return SweepRow(
+        experiment_id=exp.id,
+        status=exp.status,
+        role="baseline" if strategy == BASELINE else "run",
+        values=values,
+        group={p: values[p] for p in paths if not is_checkpoint_axis(p)},
+        baseline_id=None,
+        metrics={k: getattr(summary, k) for k in ROW_METRICS},
+        gradients_match=summary.gradients_match,
+        error=exp.error.splitlines()[0] if exp.error else None,
+        label=axis_label(values, [p for p in paths if reads(strategy, p)]) or "base",
+        strategy=strategy,
+        simplicity=_simplicity(spec),
+        findings=[f.code for f in summary.findings],
+        peak_phase=summary.peak_phase,
+        peak_explanation=summary.peak_explanation,
+        step_times_ms=summary.step_times_ms,
+        paired=summary.paired_rounds(),
+        noise_threshold_pct=noise_threshold_pct,
+    )
+
+
+def _match_baselines(rows: list[SweepRow], noise_threshold_pct: float) -> dict[str, SweepRow]:
+    """Each group's baseline: its first succeeded run (else its first). Later runs of it
+    repeat it: their step times join the first's, and their drift against it is their
+    overhead. Returns group key -> the baseline's first row."""
     groups: dict[str, list[SweepRow]] = {}
     for r in rows:
         if r.role == "baseline":
             groups.setdefault(_group_key(r.group), []).append(r)
     baselines: dict[str, SweepRow] = {}
     for key, runs in groups.items():
-        # The first succeeded run of the group's baseline (else its first); later ones repeat it.
         first = next((b for b in runs if b.status == Status.SUCCEEDED), runs[0])
         baselines[key] = first
         own = first.step_times_ms
         for b in runs:
-            if b is not first:
-                b.repeat_of = first.experiment_id
-                b.label = f"{b.label} (again)"
-                if b.status == Status.SUCCEEDED:
-                    first.step_times_ms = first.step_times_ms + b.step_times_ms
-                    drift = ratio_ci(own, b.step_times_ms, threshold_pct=noise_threshold_pct)
-                    b.overhead = drift.as_dict() if drift else None
-                    b.overhead_text = overhead_words(drift, drift=True)
-    for r in rows:
-        b = baselines.get(_group_key(r.group))
-        r.baseline_id = b.experiment_id if b else None
-        t, bt = r.metrics["step_time_ms"], b.metrics["step_time_ms"] if b else None
-        a, ba = r.metrics["activation_bytes"], b.metrics["activation_bytes"] if b else None
-        r.metrics["overhead_pct"] = 100.0 * (t / bt - 1.0) if t is not None and bt else None
-        r.metrics["activation_saving_pct"] = 100.0 * (1.0 - a / ba) if a is not None and ba else None
-        p, bp = r.metrics["peak_allocated_bytes"], b.metrics["peak_allocated_bytes"] if b else None
-        r.metrics["peak_saving_pct"] = 100.0 * (1.0 - p / bp) if p is not None and bp else None
-        interval = None  # a baseline's first run has none; its second run's is its drift (above)
-        paired = r.paired_overhead() if r.role == "run" else None
-        if paired is not None:  # its own rounds: no other run needed
-            interval = paired
-            r.overhead, r.overhead_text = interval.as_dict(), overhead_words(interval, paired=r.paired[2])
-            r.metrics["overhead_pct"] = interval.estimate_pct
-        elif r.role == "run" and b is not None:
-            interval = ratio_ci(b.step_times_ms, r.step_times_ms, threshold_pct=noise_threshold_pct)
-            r.overhead, r.overhead_text = (
-                (interval.as_dict() if interval else None),
-                overhead_words(interval, paired=False),
-            )
-            if interval:
-                r.metrics["overhead_pct"] = interval.estimate_pct  # against all the baseline's runs
-        r.metrics["overhead_low_pct"] = interval.low_pct if interval else None
-        r.metrics["overhead_high_pct"] = interval.high_pct if interval else None
-    _against_compiled_baseline(rows, compiled, noise_threshold_pct)
-    return rows
+            if b is first:
+                continue
+            b.repeat_of = first.experiment_id
+            b.label = f"{b.label} (again)"
+            if b.status == Status.SUCCEEDED:
+                first.step_times_ms = first.step_times_ms + b.step_times_ms
+                drift = ratio_ci(own, b.step_times_ms, threshold_pct=noise_threshold_pct)
+                b.overhead = drift.as_dict() if drift else None
+                b.overhead_text = overhead_words(drift, drift=True)
+    return baselines
+
+
+def _saving_pct(value: float | None, baseline: float | None) -> float | None:
+    """How much lower ``value`` is than ``baseline``, %; None without both."""
+    return 100.0 * (1.0 - value / baseline) if value is not None and baseline else None
+
+
+def _compare_with_baseline(r: SweepRow, b: SweepRow | None, noise_threshold_pct: float) -> None:
+    """Set ``r``'s baseline, its savings against it (%) and its step-time overhead with its
+    95% CI: from its own paired rounds when it has them (no other run needed), else against
+    all the baseline's runs (separate runs, said so). A baseline's first run has none; its
+    second run's is its drift (:func:`_match_baselines`)."""
+    m, bm = r.metrics, (b.metrics if b else {})
+    r.baseline_id = b.experiment_id if b else None
+    t, bt = m["step_time_ms"], bm.get("step_time_ms")
+    m["overhead_pct"] = 100.0 * (t / bt - 1.0) if t is not None and bt else None
+    m["activation_saving_pct"] = _saving_pct(m["activation_bytes"], bm.get("activation_bytes"))
+    m["peak_saving_pct"] = _saving_pct(m["peak_allocated_bytes"], bm.get("peak_allocated_bytes"))
+    interval = None
+    paired = r.paired_overhead() if r.role == "run" else None
+    if paired is not None:
+        interval = paired
+        r.overhead, r.overhead_text = interval.as_dict(), overhead_words(interval, paired=r.paired[2])
+        m["overhead_pct"] = interval.estimate_pct
+    elif r.role == "run" and b is not None:
+        interval = ratio_ci(b.step_times_ms, r.step_times_ms, threshold_pct=noise_threshold_pct)
+        r.overhead = interval.as_dict() if interval else None
+        r.overhead_text = overhead_words(interval, paired=False)
+        if interval:
+            m["overhead_pct"] = interval.estimate_pct  # against all the baseline's runs
+    m["overhead_low_pct"] = interval.low_pct if interval else None
+    m["overhead_high_pct"] = interval.high_pct if interval else None
 
 
 def _against_compiled_baseline(rows: list[SweepRow], compiled: Mapping[int, Any], noise_threshold_pct: float) -> None:

@@ -41,6 +41,8 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.types import TypeDecorator
 
 from ckptlab.domain import SERIES_METRICS, Status
+from ckptlab.spec.experiment import ExperimentSpec
+from ckptlab.summary import RunSummary
 
 __all__ = [
     "Base",
@@ -58,7 +60,7 @@ __all__ = [
 
 
 #: Primary and foreign keys: 64-bit (``BIGINT``) on PostgreSQL, as the API promises
-#: (``backend.deps.MAX_ID``); ``INTEGER`` on SQLite, whose ``INTEGER PRIMARY KEY`` is the
+#: (``ckptlab.backend.deps.MAX_ID``); ``INTEGER`` on SQLite, whose ``INTEGER PRIMARY KEY`` is the
 #: 64-bit rowid already (and autoincrements only under that exact type name).
 Id = BigInteger().with_variant(Integer, "sqlite")
 
@@ -120,6 +122,26 @@ class Experiment(Base):
     steps: Mapped[list[Step]] = relationship(
         back_populates="experiment", cascade="all, delete-orphan", order_by="Step.step"
     )
+
+    # The store's edge: the JSON columns are parsed here, once per read, and every reader
+    # reads the typed records (after mlflow's ``to_mlflow_entity``).
+
+    @property
+    def run_summary(self) -> RunSummary:
+        """The ``summary`` column as a :class:`~ckptlab.summary.RunSummary`; never raises (a
+        missing or corrupt column reads as an empty summary, a corrupt key as its default:
+        :meth:`RunSummary.load`)."""
+        return RunSummary.load(self.summary)
+
+    @property
+    def experiment_spec(self) -> ExperimentSpec | None:
+        """The ``spec`` column as an :class:`~ckptlab.spec.experiment.ExperimentSpec`, or None
+        when it no longer validates (a row written by another version, or edited by hand);
+        never raises."""
+        try:
+            return ExperimentSpec.model_validate(self.spec)
+        except ValueError:  # pydantic.ValidationError is a ValueError
+            return None
 
 
 class ExperimentEvent(Base):

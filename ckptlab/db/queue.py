@@ -25,7 +25,7 @@ other processes see the change at once.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -37,6 +37,7 @@ from ckptlab.db.database import db_now, is_postgresql
 from ckptlab.db.events import first_line, record_events
 from ckptlab.db.models import Experiment, Sweep, Worker
 from ckptlab.domain import FINISHED_STATUSES, Status
+from ckptlab.summary import RunSummary
 
 __all__ = [
     "claim_next",
@@ -104,7 +105,7 @@ def finish_experiment(
     *,
     experiment_id: int,
     status: Status,
-    summary: Mapping[str, Any] | None = None,
+    summary: RunSummary | None = None,
     error: str | None = None,
     warnings: Sequence[str] | None = None,
     snapshot_path: str | None = None,
@@ -119,7 +120,8 @@ def finish_experiment(
     Args:
         status: one of the finished statuses (``succeeded``, ``failed``, ``oom``,
             ``timed_out``, ``cancelled``).
-        summary: JSON-able summary (the engine's on success; the out-of-memory details on oom).
+        summary: the run's summary (the engine's on success; the out-of-memory or failure
+            details otherwise), stored as :meth:`RunSummary.dump` (None when empty).
         error: error text (None on success).
         warnings: warnings raised during the run, stored in ``experiments.warnings``.
         snapshot_path: path of a CUDA memory snapshot written by the run.
@@ -135,7 +137,7 @@ def finish_experiment(
         stmt = stmt.where(Experiment.attempt == attempt)
     values: dict[str, Any] = {
         "status": status,
-        "summary": dict(summary) if summary else None,
+        "summary": (summary.dump() or None) if summary is not None else None,
         "error": error,
         "finished_at": db_now(session),
     }

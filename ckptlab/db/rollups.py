@@ -6,7 +6,7 @@ A rollup is a multi-resolution summary of one attempt's steps: at every level ``
 last step and, for every series metric, the count of finite values, min and max with their
 steps, and the values at the first and last step. A series request reads the coarsest level that still gives enough
 buckets instead of the whole column, so its cost depends on the points asked for, not on
-the run's length (``backend.services.series_view``); the extremes stay exact.
+the run's length (``ckptlab.backend.services.series_view``); the extremes stay exact.
 
 The rollup is written in the same transaction as the steps (:func:`add_rollup`, called by
 :func:`ckptlab.db.store.add_steps`), merged into the buckets already stored; steps stored

@@ -23,8 +23,8 @@ from ckptlab.db.models import Experiment, Step, Sweep, utcnow
 from ckptlab.db.queue import WORKER_LOST
 from ckptlab.db.rollups import add_rollup
 from ckptlab.domain import SERIES_METRICS, STEP_FIELDS, Status
-from ckptlab.spec import ExperimentSpec
-from ckptlab.sweeps import SweepPlan
+from ckptlab.spec.experiment import ExperimentSpec
+from ckptlab.spec.sweeps import SweepPlan
 
 __all__ = [
     "create_experiment",
@@ -206,7 +206,7 @@ def latest_step_record(
     session: Session, *, experiment_id: int, attempt: int
 ) -> tuple[int, dict[str, Any] | None] | None:
     """The step number and ``extra`` of an attempt's latest step, or None before its first
-    (one indexed read: what progress reports, :mod:`ckptlab.progress`)."""
+    (one indexed read: what progress reports, :mod:`ckptlab.analysis.progress`)."""
     row = session.execute(
         select(Step.step, Step.extra)
         .where(Step.experiment_id == experiment_id, Step.attempt == attempt)

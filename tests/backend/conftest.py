@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 from ckptlab.db import queue, store
 from ckptlab.db.models import Experiment
 from ckptlab.settings import Settings
+from ckptlab.summary import RunSummary
 from tests.factories import make_spec
 
 
@@ -28,7 +29,7 @@ def make_client(settings: Settings) -> Iterator[Callable[..., TestClient]]:
     clients: list[TestClient] = []
 
     def make(**overrides: Any) -> TestClient:
-        from backend.app import create_app
+        from ckptlab.backend.app import create_app
 
         c = TestClient(create_app(Settings(**{**settings.model_dump(), **overrides})))
         c.__enter__()
@@ -74,7 +75,9 @@ def finish_next(session: Session, experiment_id: int, summary: dict[str, Any]) -
     ``succeeded`` with ``summary``, as a worker would."""
     exp = queue.claim_next(session, worker_id="test:1")
     assert exp is not None and exp.id == experiment_id, (exp and exp.id, experiment_id)
-    queue.finish_experiment(session, experiment_id=experiment_id, status="succeeded", summary=summary)
+    queue.finish_experiment(
+        session, experiment_id=experiment_id, status="succeeded", summary=RunSummary.model_validate(summary)
+    )
 
 
 @dataclass
@@ -112,7 +115,7 @@ def live_server_factory(settings: Settings) -> Iterator[Callable[..., str]]:
     """``live_server_factory(**overrides)``: the API with ``overrides`` applied to its
     settings, served by uvicorn on 127.0.0.1 in a thread (real sockets, so streams arrive as
     they are sent); returns the base URL. Every server stops at the end of the test."""
-    from backend.app import create_app
+    from ckptlab.backend.app import create_app
 
     servers: list[tuple[uvicorn.Server, threading.Thread]] = []
 

@@ -3,7 +3,7 @@ completing a submitted experiment."""
 
 import pytest
 
-from ckptlab.spec import ExperimentSpec
+from ckptlab.spec.experiment import ExperimentSpec
 from tests.factories import make_spec, spec_dict
 from tests.support import wait_for
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from backend.services.charts import pareto_frontier
+from ckptlab.backend.services.charts import pareto_frontier
 from ckptlab.db import queue
+from ckptlab.summary import RunSummary
 from tests.factories import spec_dict
 
 
@@ -19,7 +20,7 @@ def test_pareto_frontier():
 def _finish(session, exp_id, summary, status="succeeded"):
     exp = queue.claim_next(session, worker_id="test:1")
     assert exp.id == exp_id
-    queue.finish_experiment(session, experiment_id=exp_id, status=status, summary=summary)
+    queue.finish_experiment(session, experiment_id=exp_id, status=status, summary=RunSummary.model_validate(summary))
 
 
 @pytest.fixture
@@ -102,8 +103,8 @@ def test_without_a_block_profile_there_is_no_expected_curve_and_the_title_says_w
     ids=["transformer", "resnet", "densenet"],
 )
 def test_the_expected_curve_is_within_15_percent_of_the_measured_activations(client, db_session, model, batch):
-    from ckptlab.spec import ExperimentSpec
-    from worker.engine import run_experiment
+    from ckptlab.spec.experiment import ExperimentSpec
+    from ckptlab.worker.engine.run import run_experiment
 
     base = spec_dict(model=model, batch_size=batch, steps=2, **{"checkpoint.strategy": "sequential"})
     sweep = client.post(

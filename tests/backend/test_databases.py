@@ -9,12 +9,13 @@ from fastapi.testclient import TestClient
 from ckptlab.db import queue, store
 from ckptlab.db.database import make_engine, make_sessionmaker
 from ckptlab.settings import Settings
+from ckptlab.summary import RunSummary
 from tests.backend.conftest import parse_sse, step_record
 from tests.factories import make_spec, spec_dict
 
 
 def test_queries_series_and_streams_on_both_databases(any_database_url, data_dir):
-    from backend.app import create_app
+    from ckptlab.backend.app import create_app
 
     engine = make_engine(any_database_url)
     with (
@@ -27,7 +28,12 @@ def test_queries_series_and_streams_on_both_databases(any_database_url, data_dir
             step_record(s, step_ms=50.0 if s == 777 else 3.0, loss=None if s % 2 else 0.5) for s in range(1, 3001)
         ]
         store.add_steps(session, experiment_id=run.id, attempt=1, records=records)
-        queue.finish_experiment(session, experiment_id=run.id, status="succeeded", summary={"activation_bytes": 5})
+        queue.finish_experiment(
+            session,
+            experiment_id=run.id,
+            status="succeeded",
+            summary=RunSummary.model_validate({"activation_bytes": 5}),
+        )
 
         started = client.get("/api/experiments", params={"sort": "started_at"}).json()["data"]
         assert [e["id"] for e in started] == [run.id, queued]  # nulls last
@@ -59,7 +65,7 @@ def test_queries_series_and_streams_on_both_databases(any_database_url, data_dir
 def test_ids_are_64_bit_and_an_id_past_32_bits_is_the_same_404_on_both(any_database_url, data_dir):
     from sqlalchemy import insert
 
-    from backend.app import create_app
+    from ckptlab.backend.app import create_app
     from ckptlab.db.models import Experiment, Step
 
     big = 3_000_000_000

@@ -11,9 +11,9 @@ import sys
 import pytest
 from sqlalchemy.exc import IntegrityError
 
-from ckptlab.limits import estimate_fixed_bytes, estimate_param_count
 from ckptlab.settings import Settings
-from ckptlab.spec import ExperimentSpec
+from ckptlab.spec.experiment import ExperimentSpec
+from ckptlab.spec.limits import estimate_fixed_bytes, estimate_param_count
 from tests.factories import hf_model, spec_dict
 
 
@@ -42,7 +42,7 @@ def test_specs_over_server_limits_get_422_naming_the_field(make_client, override
 
 
 def test_parameter_estimate_matches_the_models_the_worker_builds():
-    from worker.models import build_model
+    from ckptlab.worker.models.build import build_model
 
     models = [
         {"kind": "mlp", "depth": 3, "width": 17},
@@ -79,10 +79,10 @@ def test_admission_control_gives_the_fixed_memory_estimate(make_client):
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 def test_fixed_memory_estimate_is_what_the_engine_measures(optimizer):
-    from worker.engine import run_experiment
+    from ckptlab.worker.engine.run import run_experiment
 
     spec = ExperimentSpec.model_validate(spec_dict(optimizer=optimizer))
-    summary = run_experiment(spec)
+    summary = run_experiment(spec).dump()
     # After the first step: the fp32 parameters and the optimizer state as the tracker saw them.
     at_forward_end = summary["memory_at_forward_end"]
     params, state = at_forward_end["parameters"], at_forward_end["optimizer_state"]
@@ -219,7 +219,7 @@ def test_openapi_documents_every_route(client):
 
 def test_backend_never_imports_torch():
     code = (
-        "import sys; from backend.app import create_app; from ckptlab.settings import Settings; "
+        "import sys; from ckptlab.backend.app import create_app; from ckptlab.settings import Settings; "
         "create_app(Settings(database_url='sqlite://')); "
         "assert 'torch' not in sys.modules, 'torch was imported'"
     )
@@ -322,11 +322,11 @@ def test_admission_control_counts_hf_parameters(make_client):
 
 
 def test_the_api_refuses_torchvision_where_it_does_not_import_and_stores_nothing(make_client):
-    from ckptlab.spec_torchvision import torchvision_problem
+    from ckptlab.spec.torchvision_model import torchvision_problem
 
     problem = torchvision_problem()
     if problem is None:
-        pytest.skip("torchvision imports here: the kind is accepted (tests/worker/test_torchvision_models.py)")
+        pytest.skip("torchvision imports here: the kind is accepted (tests/worker/models/test_torchvision_models.py)")
     c = make_client()
     body = spec_dict(model={"kind": "torchvision", "architecture": "resnet18"})
     r = c.post("/api/experiments", json=body)

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from backend.middleware import MAX_JSON_DEPTH, WRITE_METHODS, json_nesting_depth
+from ckptlab.backend.middleware import MAX_JSON_DEPTH, WRITE_METHODS, json_nesting_depth
 from ckptlab.settings import Settings
 from tests.factories import spec_dict
 
@@ -112,7 +112,7 @@ def test_a_foreign_host_is_refused_on_reads_too(client, path):
 def test_default_trusted_hosts_are_the_bound_address_and_loopback(data_dir, database_url):
     from fastapi.testclient import TestClient
 
-    from backend.app import create_app
+    from ckptlab.backend.app import create_app
 
     settings = Settings(data_dir=data_dir, database_url=database_url, allowed_hosts=[])
     assert settings.trusted_hosts == ["127.0.0.1", "localhost", "[::1]"]

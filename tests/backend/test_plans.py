@@ -7,9 +7,9 @@ import pytest
 
 from ckptlab.db import queue
 from ckptlab.domain import Status
-from ckptlab.spec import ExperimentSpec
+from ckptlab.spec.experiment import ExperimentSpec
+from ckptlab.worker.engine.run import run_experiment
 from tests.factories import spec_dict
-from worker.engine import run_experiment
 
 BASE = spec_dict(**{"model.depth": 8, "model.width": 128, "batch_size": 256, "timed_steps": 3})
 
@@ -22,9 +22,9 @@ def run_all(session) -> None:
 
 
 def test_a_plan_queues_auto_beside_the_comparison_points_and_answers_its_verdict(client, db_session):
-    none_peak = run_experiment(ExperimentSpec.model_validate(BASE))["peak_allocated_bytes"]
+    none_peak = run_experiment(ExperimentSpec.model_validate(BASE)).dump()["peak_allocated_bytes"]
     budget = none_peak * 95 // 100
-    # torch.compile's points are left out here (tests/worker/test_compile_budget.py runs them)
+    # torch.compile's points are left out here (tests/worker/engine/test_compile_budget.py runs them)
     r = client.post("/api/plans", json={"base": BASE, "budget": budget, "compile_budgets": []})
     assert r.status_code == 201, r.text
     plan = r.json()

@@ -9,9 +9,10 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
+from ckptlab.analysis.progress import STEPS_PLANNED
 from ckptlab.db import queue, store
 from ckptlab.db.models import Experiment
-from ckptlab.progress import STEPS_PLANNED
+from ckptlab.summary import RunSummary
 from tests.backend.conftest import add_steps
 from tests.factories import make_spec
 
@@ -67,7 +68,7 @@ def test_a_sweeps_eta_follows_its_first_finished_run(client: TestClient, db_sess
     p = client.get(f"/api/sweeps/{sweep_id}").json()["progress"]
     assert p["eta_s"] is None and p["eta_text"] == "time left: estimated once a run finishes"
 
-    queue.finish_experiment(db_session, experiment_id=first.id, status="succeeded", summary={})
+    queue.finish_experiment(db_session, experiment_id=first.id, status="succeeded", summary=RunSummary())
     p = client.get(f"/api/sweeps/{sweep_id}").json()["progress"]
     assert p["eta_s"] == pytest.approx(p["elapsed_s"] * (total - 1), rel=0.01)
     assert p["elapsed_s"] == pytest.approx(60, abs=10)

@@ -8,6 +8,7 @@ import io
 import pytest
 
 from ckptlab.db import queue, store
+from ckptlab.summary import RunSummary
 from tests.backend.conftest import add_steps, running_experiment
 from tests.factories import make_spec, spec_dict
 
@@ -24,7 +25,12 @@ def mixed(db_session):
     tf = {"kind": "transformer", "depth": 2, "d_model": 16, "heads": 2, "seq_len": 8, "vocab_size": 50}
     ids["tf"] = store.create_experiment(db_session, spec=make_spec(model=tf), status="running", worker_id="w").id
     done = running_experiment(db_session)
-    queue.finish_experiment(db_session, experiment_id=done.id, status="succeeded", summary={"activation_bytes": 7})
+    queue.finish_experiment(
+        db_session,
+        experiment_id=done.id,
+        status="succeeded",
+        summary=RunSummary.model_validate({"activation_bytes": 7}),
+    )
     ids["ok"] = done.id
     bad = running_experiment(db_session)
     queue.finish_experiment(db_session, experiment_id=bad.id, status="failed", error="=cmd|boom\nline 2")

@@ -3,7 +3,7 @@ measurable, and ties go to the simpler setting."""
 
 from __future__ import annotations
 
-from backend.services.recommend import recommend
+from ckptlab.backend.services.recommend import recommend
 from tests.factories import sweep_row
 
 MIB = 2**20

@@ -31,7 +31,7 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, settings
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
-from backend.app import create_app
+from ckptlab.backend.app import create_app
 from ckptlab.settings import Settings
 from tests.factories import spec_dict
 

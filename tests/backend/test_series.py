@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 from sqlalchemy import insert
 
-from backend.services.series import SeriesCache, downsample_indices, warm_running_series
+from ckptlab.backend.services.series import SeriesCache, downsample_indices, warm_running_series
 from ckptlab.db import queue, rollups, store
 from ckptlab.db.models import Step
+from ckptlab.summary import RunSummary
 from tests.backend.conftest import add_steps, running_experiment, step_record
 
 N = 20_000
@@ -137,7 +138,7 @@ def test_running_experiments_are_kept_warm(db_session):
     live = running_experiment(db_session)
     store.add_steps(db_session, experiment_id=live.id, attempt=1, records=[step_record(s) for s in range(1, 51)])
     done = running_experiment(db_session)
-    queue.finish_experiment(db_session, experiment_id=done.id, status="succeeded", summary={})
+    queue.finish_experiment(db_session, experiment_id=done.id, status="succeeded", summary=RunSummary())
     cache = SeriesCache()
     assert warm_running_series(db_session, cache, metrics=("step_ms", "loss")) == 1
     assert set(cache._entries) == {(live.id, 1, "step_ms"), (live.id, 1, "loss")}

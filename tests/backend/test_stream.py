@@ -11,13 +11,16 @@ import httpx
 import pytest
 
 from ckptlab.db import queue
+from ckptlab.summary import RunSummary
 from tests.backend.conftest import add_steps, parse_sse, running_experiment
 
 
 def finished_experiment(session, n_steps: int = 5):
     exp = running_experiment(session)
     add_steps(session, exp, range(1, n_steps + 1))
-    queue.finish_experiment(session, experiment_id=exp.id, status="succeeded", summary={"activation_bytes": 1})
+    queue.finish_experiment(
+        session, experiment_id=exp.id, status="succeeded", summary=RunSummary.model_validate({"activation_bytes": 1})
+    )
     return exp
 
 
@@ -91,7 +94,7 @@ def test_sweep_stream_reports_each_experiment_and_progress(client, db_session):
     for _ in ids:  # run each "by hand": claim, one step, finish
         exp = queue.claim_next(db_session, worker_id="test:1")
         add_steps(db_session, exp, [1])
-        queue.finish_experiment(db_session, experiment_id=exp.id, status="succeeded", summary={})
+        queue.finish_experiment(db_session, experiment_id=exp.id, status="succeeded", summary=RunSummary())
     events = parse_sse(client.get(f"/api/sweeps/{sweep['id']}/events").text)
     steps = [e for e in events if e.event == "step"]
     assert sorted(e.data["experiment_id"] for e in steps) == sorted(ids)
@@ -102,41 +105,55 @@ def test_sweep_stream_reports_each_experiment_and_progress(client, db_session):
     assert events[-1].event == "end"
 
 
-def _read_stream(url: str, received: dict, stop_after_end: threading.Event) -> None:
-    with httpx.Client(timeout=30) as http, http.stream("GET", url) as r:
-        assert r.status_code == 200
-        buf = ""
-        for chunk in r.iter_text():
-            buf = (buf + chunk).replace("\r\n", "\n")
-            while "\n\n" in buf:
-                block, buf = buf.split("\n\n", 1)
-                for ev in parse_sse(block + "\n\n"):
-                    if ev.event == "step":
-                        received[ev.data["step"]] = time.monotonic()
-                    if ev.event == "end":
-                        stop_after_end.set()
-                        return
+class _StreamReader(threading.Thread):
+    """Reads an SSE stream in a thread, for a test to wait on: ``connected`` is set by the
+    first event (the status the server sends as soon as a stream is open), ``arrived[n]``
+    once step ``n`` came (``received[n]``: when, ``time.monotonic()``), ``ended`` by the end
+    event."""
+
+    def __init__(self, url: str, steps: range):
+        super().__init__(daemon=True)
+        self.url = url
+        self.connected, self.ended = threading.Event(), threading.Event()
+        self.arrived = {n: threading.Event() for n in steps}
+        self.received: dict[int, float] = {}
+
+    def run(self) -> None:
+        with httpx.Client(timeout=30) as http, http.stream("GET", self.url) as r:
+            assert r.status_code == 200
+            buf = ""
+            for chunk in r.iter_text():
+                buf = (buf + chunk).replace("\r\n", "\n")
+                while "\n\n" in buf:
+                    block, buf = buf.split("\n\n", 1)
+                    for ev in parse_sse(block + "\n\n"):
+                        self.connected.set()
+                        if ev.event == "step":
+                            self.received[ev.data["step"]] = time.monotonic()
+                            self.arrived[ev.data["step"]].set()
+                        if ev.event == "end":
+                            self.ended.set()
+                            return
 
 
 def test_live_steps_reach_the_client_within_a_second(live_server, db_session):
     exp = running_experiment(db_session)
-    received: dict[int, float] = {}
-    ended = threading.Event()
-    reader = threading.Thread(
-        target=_read_stream, args=(f"{live_server}/api/experiments/{exp.id}/events", received, ended), daemon=True
-    )
+    steps = range(1, 21)
+    reader = _StreamReader(f"{live_server}/api/experiments/{exp.id}/events", steps)
     reader.start()
-    time.sleep(0.5)  # let the stream connect
+    assert reader.connected.wait(10), "the stream sent no first event"
     committed = {}
-    for step in range(1, 21):
+    # One step at a time, each committed as soon as the one before arrived (just after a
+    # poll): every latency is near the worst case, a whole poll interval.
+    for step in steps:
         add_steps(db_session, exp, [step])
         committed[step] = time.monotonic()
-        time.sleep(0.05)
-    queue.finish_experiment(db_session, experiment_id=exp.id, status="succeeded", summary={})
-    assert ended.wait(10), "no end event after the experiment finished"
+        assert reader.arrived[step].wait(5), f"step {step} did not arrive"
+    queue.finish_experiment(db_session, experiment_id=exp.id, status="succeeded", summary=RunSummary())
+    assert reader.ended.wait(10), "no end event after the experiment finished"
     reader.join(5)
-    assert sorted(received) == list(range(1, 21))
-    latencies = sorted(received[s] - committed[s] for s in committed)
+    assert sorted(reader.received) == list(steps)
+    latencies = sorted(reader.received[s] - committed[s] for s in committed)
     p95 = latencies[int(0.95 * (len(latencies) - 1))]
     assert p95 < 1.0, f"p95 {p95:.3f} s, median {statistics.median(latencies):.3f} s"
 
@@ -150,7 +167,7 @@ def test_stream_ids_out_of_range_are_rejected(client, path):
 def test_non_finite_step_values_are_sent_as_null(client, db_session):
     exp = running_experiment(db_session)
     add_steps(db_session, exp, [1], forward_ms=float("inf"))
-    queue.finish_experiment(db_session, experiment_id=exp.id, status="succeeded", summary={})
+    queue.finish_experiment(db_session, experiment_id=exp.id, status="succeeded", summary=RunSummary())
     step = parse_sse(client.get(f"/api/experiments/{exp.id}/events").text)[0]
     assert step.event == "step" and step.data["forward_ms"] is None and step.data["backward_ms"] == 2.0
 
@@ -167,7 +184,7 @@ def test_steps_of_several_attempts_are_read_in_one_statement(db_session):
     between could get an id below the cursor and be skipped by the stream for good."""
     from sqlalchemy import event
 
-    from backend.services.queries import steps_after
+    from ckptlab.backend.services.queries import steps_after
 
     a, b = running_experiment(db_session), running_experiment(db_session)
     add_steps(db_session, a, range(1, 4))

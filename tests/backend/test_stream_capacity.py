@@ -9,6 +9,7 @@ import time
 import httpx
 
 from ckptlab.db import queue
+from ckptlab.summary import RunSummary
 from tests.backend.conftest import add_steps, parse_sse, running_experiment
 
 
@@ -86,7 +87,7 @@ def _collect_steps(url: str, want: int, got: list, opened: threading.Semaphore) 
 def test_each_new_step_is_encoded_once_for_every_stream_that_shares_its_poll(
     live_server_factory, db_session, monkeypatch
 ):
-    import backend.services.streams as streams
+    import ckptlab.backend.services.streams as streams
 
     encoded: list[int] = []
     real = streams._encode
@@ -124,7 +125,7 @@ def test_each_new_step_is_encoded_once_for_every_stream_that_shares_its_poll(
 def test_a_catching_up_stream_gets_its_backlog_in_order_in_few_writes(client, db_session):
     exp = running_experiment(db_session)
     add_steps(db_session, exp, range(1, 2501))  # 2.5 polls of BATCH rows
-    queue.finish_experiment(db_session, experiment_id=exp.id, status="succeeded", summary={})
+    queue.finish_experiment(db_session, experiment_id=exp.id, status="succeeded", summary=RunSummary())
     with client.stream("GET", f"/api/experiments/{exp.id}/events") as r:
         chunks = list(r.iter_raw())
     events = parse_sse(b"".join(chunks).decode())

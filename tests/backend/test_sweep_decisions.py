@@ -9,6 +9,7 @@ import pytest
 
 from ckptlab.db import queue
 from ckptlab.domain import Status
+from ckptlab.summary import RunSummary
 from tests.factories import spec_dict
 from tests.support import wait_for
 
@@ -19,7 +20,9 @@ def _finish(session, experiment_id: int, step_times: list[float], **summary) -> 
         session,
         experiment_id=experiment_id,
         status=Status.SUCCEEDED,
-        summary={"step_times_ms": step_times, "step_time_ms": sorted(step_times)[len(step_times) // 2], **summary},
+        summary=RunSummary.model_validate(
+            {"step_times_ms": step_times, "step_time_ms": sorted(step_times)[len(step_times) // 2], **summary}
+        ),
     )
 
 

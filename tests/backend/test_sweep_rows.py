@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from backend.services.sweeps import sweep_rows
+from ckptlab.backend.services.sweeps import sweep_rows
 from ckptlab.db.models import Experiment, Sweep
 from tests.factories import spec_dict
 

@@ -12,7 +12,7 @@ import statistics
 import pytest
 
 from ckptlab.db import queue
-from ckptlab.sweeps import SweepError, plan_sweep, unknown_axis_error
+from ckptlab.spec.sweeps import SweepError, plan_sweep, unknown_axis_error
 from tests.factories import hf_model, spec_dict
 from tests.support import wait_for
 

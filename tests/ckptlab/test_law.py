@@ -1,6 +1,6 @@
 import pytest
 
-from ckptlab.law import last_segment_length, optimal_segments, retained_bytes
+from tests.segment_law import last_segment_length, optimal_segments, retained_bytes
 
 
 def test_last_segment_matches_checkpoint_sequential_split():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ckptlab.spec import CheckpointSpec
+from ckptlab.spec.experiment import CheckpointSpec
 from ckptlab.strategies import (
     BASELINE,
     STRATEGIES,

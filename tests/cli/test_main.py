@@ -6,10 +6,10 @@ import pytest
 from sqlalchemy import func, select
 from typer.testing import CliRunner
 
+from ckptlab.cli.main import app
 from ckptlab.db.database import make_engine
 from ckptlab.db.models import Experiment
 from ckptlab.settings import get_settings
-from cli.main import app
 from tests.factories import hf_model, spec_dict
 
 

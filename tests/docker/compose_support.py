@@ -12,7 +12,7 @@ from pathlib import Path
 
 import typer
 
-from cli.main import app
+from ckptlab.cli.main import app
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "docker-compose.yml"

@@ -163,7 +163,7 @@ def test_backend_healthcheck_command_works_against_a_real_server(compose: dict, 
     env["CKPTLAB_DATA_DIR"] = str(tmp_path)
     log = open(tmp_path / "serve.log", "wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cli", "serve", "--host", "127.0.0.1", "--port", str(port)],
+        [sys.executable, "-m", "ckptlab.cli", "serve", "--host", "127.0.0.1", "--port", str(port)],
         env=env,
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -202,7 +202,7 @@ def test_worker_reserves_nvidia_gpus(compose: dict) -> None:
 def test_service_runs_a_real_cli_command(name: str, compose: dict) -> None:
     entrypoint, command = effective_argv(name, compose)
     assert entrypoint == ["ckptlab"]
-    assert PYPROJECT["project"]["scripts"]["ckptlab"] == "cli.main:main"
+    assert PYPROJECT["project"]["scripts"]["ckptlab"] == "ckptlab.cli.main:main"
     assert command[0] == {"backend": "serve", "worker": "worker"}[name]
     check_cli_invocation(command)
     # docker run without compose: the image's own CMD must be valid too

@@ -110,7 +110,10 @@ def test_image_copies_the_packages_from_the_build_context(name: str) -> None:
                 copied.add(src)
     # what pip needs to build the project: pyproject, its readme, every package
     assert {"pyproject.toml", PYPROJECT["project"]["readme"]} <= copied
-    for pattern in PYPROJECT["tool"]["setuptools"]["packages"]["find"]["include"]:
-        package = pattern.rstrip("*")
-        assert (ROOT / package / "__init__.py").is_file()
-        assert package in copied, f"{name} image lacks the {package} package"
+    folders = PYPROJECT["tool"]["setuptools"]["package-dir"]
+    for package in PYPROJECT["tool"]["setuptools"]["packages"]:
+        if "." in package and package not in folders:
+            continue  # a subpackage: inside its top folder
+        folder = folders.get(package, package)
+        assert (ROOT / folder / "__init__.py").is_file()
+        assert folder in copied, f"{name} image lacks the {package} package ({folder}/)"

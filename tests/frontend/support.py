@@ -15,7 +15,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -110,15 +110,41 @@ class App:
     data_dir: Path
 
 
+@dataclass
+class Tab:
+    """What every browser test gets (the ``tab`` fixture of conftest.py): a fresh page of the
+    session's chromium, :data:`VIEWPORT` wide, and what happened on it.
+
+    Attributes:
+        page: the page (default timeout 15 s).
+        requested: every URL the page requested, in order.
+        errors: every uncaught JavaScript error and console error on the page, but the
+            browser's own note on each 4xx answer (the API's 422s are expected).
+    """
+
+    page: Page
+    requested: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    def assert_no_errors(self, *, but: str | None = None) -> None:
+        """No error on the page; with ``but``, errors that contain that text are expected."""
+        unexpected = [e for e in self.errors if but is None or but not in e]
+        assert not unexpected, self.errors
+
+    def assert_local_only(self, app_url: str) -> None:
+        """The page requested nothing but ``app_url`` (see :func:`_assert_local_only`)."""
+        _assert_local_only(app_url, self.requested)
+
+
 def start_ckptlab(args: list[str], data_dir: Path, log_name: str, **env: str) -> subprocess.Popen:
-    """``python -m cli ARGS`` in a new session (so :func:`_stop` ends its whole group), with
+    """``python -m ckptlab.cli ARGS`` in a new session (so :func:`_stop` ends its whole group), with
     no ``CKPTLAB_*`` variable of ours but ``CKPTLAB_DATA_DIR=data_dir`` and ``env``; output
     goes to ``data_dir / log_name``."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("CKPTLAB_")}
     full_env.update(CKPTLAB_DATA_DIR=str(data_dir), PYTHONUNBUFFERED="1", **env)
     with open(data_dir / log_name, "ab") as log:
         return subprocess.Popen(
-            [sys.executable, "-m", "cli", *args],
+            [sys.executable, "-m", "ckptlab.cli", *args],
             cwd=REPO,
             env=full_env,
             stdout=log,
@@ -173,11 +199,21 @@ def _count(app_url: str, what: str = "experiments") -> int:
     return body["count"]
 
 
+#: True once nothing on the page is still moving: every CSS transition and finite animation
+#: (the charts' hover toolbar fading out, a progress bar's width) has finished; endless ones
+#: (the live indicator's pulse) do not count. ``getAnimations`` applies pending style changes
+#: first, so a transition the last mouse move or blur started is among them.
+SETTLED_JS = """() => document.getAnimations().every(
+  (a) => a.playState !== 'running' || !a.effect || a.effect.getComputedTiming().iterations === Infinity)"""
+
+
 def _screenshot(page: Page, name: str, *, full_page: bool = True) -> None:
+    """Save the page as ``SCREENSHOTS/name`` (``CKPTLAB_SCREENSHOTS``, see :data:`SCREENSHOTS`)
+    with no hover toolbar, tooltip or focus ring, once nothing moves (:data:`SETTLED_JS`)."""
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     page.mouse.move(0, 0)  # no hover toolbar or tooltip on the charts
     page.evaluate("document.activeElement && document.activeElement.blur()")  # no focus ring
-    page.wait_for_timeout(150)
+    page.wait_for_function(SETTLED_JS)
     page.screenshot(path=str(SCREENSHOTS / name), full_page=full_page)
 
 
@@ -274,7 +310,7 @@ def _insert_finished_experiments(app_dir: Path, n: int) -> list[int]:
     from ckptlab.db import store
     from ckptlab.db.database import make_engine, make_sessionmaker
     from ckptlab.settings import Settings
-    from ckptlab.spec import ExperimentSpec
+    from ckptlab.spec.experiment import ExperimentSpec
 
     engine = make_engine(Settings(data_dir=app_dir).resolved_database_url)
     sessions = make_sessionmaker(engine)

@@ -1,6 +1,6 @@
 """Browser tests of the frontend against the real app (backend + worker + SQLite).
 
-One ``python -m cli up`` per test session (a free port, a temporary data dir; see conftest.py) and one
+One ``python -m ckptlab.cli up`` per test session (a free port, a temporary data dir; see conftest.py) and one
 headless Debian chromium, driven with Playwright (no downloaded browser). The tests submit
 a sweep and an experiment from the form, watch them finish live (no reload), check the
 charts, the recommendation for a memory budget, the field errors of bad values, cancelling,
@@ -13,14 +13,13 @@ from __future__ import annotations
 import json
 import re
 
-import pytest
+from playwright.sync_api import expect
 
 from tests.frontend.support import (
     CHARTS,
-    CHROMIUM,
     RUN_TIMEOUT_MS,
     App,
-    _assert_local_only,
+    Tab,
     _count,
     _get_json,
     _insert_finished_experiments,
@@ -31,19 +30,11 @@ from tests.frontend.support import (
     submit_and_finish,
 )
 
-if not CHROMIUM.exists():
-    pytest.skip(f"{CHROMIUM} not found: no browser for the frontend test", allow_module_level=True)
-
-from playwright.sync_api import Page, expect  # noqa: E402
-
-pytestmark = pytest.mark.browser
-
 # ----------------------------------------------------------------------------- sweep
 
 
-def test_sweep_from_form_live_charts_and_recommendation(
-    app_url: str, page: Page, requested_urls: list[str], page_errors: list[str]
-) -> None:
+def test_sweep_from_form_live_charts_and_recommendation(app_url: str, tab: Tab) -> None:
+    page = tab.page
     sweeps_before = _count(app_url, "sweeps")
     page.goto(app_url + "/#/new?mode=sweep")
     expect(page.locator("#mode-sweep")).to_be_checked()
@@ -102,7 +93,7 @@ def test_sweep_from_form_live_charts_and_recommendation(
     expect(page.locator("#sweep-eta")).to_have_text("")
     assert page.evaluate("window.__noReload") == "still here"
     assert page.evaluate("performance.getEntriesByType('navigation').length") == 1
-    assert any(f"/api/sweeps/{sweep_id}/events" in u for u in requested_urls), "no event stream was opened"
+    assert any(f"/api/sweeps/{sweep_id}/events" in u for u in tab.requested), "no event stream was opened"
 
     code, sweep = _get_json(f"{app_url}/api/sweeps/{sweep_id}")
     assert code == 200 and sweep["progress"]["total"] == 6 and sweep["name"] == "tiny mlp segments x rng"
@@ -246,16 +237,15 @@ def test_sweep_from_form_live_charts_and_recommendation(
     expect(page.locator(f"#sweeps tr[data-sweep='{sweep_id}']")).to_contain_text("6 of 6")
     expect(page.locator(f"#experiments tr[data-id='{best['experiment_id']}'] td.status")).to_have_text("succeeded")
 
-    _assert_local_only(app_url, requested_urls)
-    assert not page_errors, page_errors
+    tab.assert_local_only(app_url)
+    tab.assert_no_errors()
 
 
 # ----------------------------------------------------------------------------- experiment
 
 
-def test_run_experiment_and_watch_it(
-    app_url: str, page: Page, requested_urls: list[str], page_errors: list[str]
-) -> None:
+def test_run_experiment_and_watch_it(app_url: str, tab: Tab) -> None:
+    page = tab.page
     page.goto(app_url + "/#/new")
     expect(page.locator("#mode-experiment")).to_be_checked()
     page.fill("#f-mlp-depth", "8")
@@ -270,7 +260,7 @@ def test_run_experiment_and_watch_it(
     page.select_option("#device", "cpu")
     expect(page.locator("#run-count-total")).to_have_text("1")
     exp_id = submit_and_finish(page)
-    assert any(f"/api/experiments/{exp_id}/events" in u for u in requested_urls), "no event stream was opened"
+    assert any(f"/api/experiments/{exp_id}/events" in u for u in tab.requested), "no event stream was opened"
 
     # One chart point per step as stored: memory for the 6 memory steps, time for all 10
     # (the 4 timed steps after them carry no memory reading).
@@ -331,11 +321,12 @@ def test_run_experiment_and_watch_it(
     page.wait_for_url(re.compile(rf"#/experiments/{exp_id}$"))
     expect(page.locator("#exp-status")).to_have_text("succeeded")
 
-    _assert_local_only(app_url, requested_urls)
-    assert not page_errors, page_errors
+    tab.assert_local_only(app_url)
+    tab.assert_no_errors()
 
 
-def test_cancel_and_live_list(app: App, page: Page, requested_urls: list[str], page_errors: list[str]) -> None:
+def test_cancel_and_live_list(app: App, tab: Tab) -> None:
+    page = tab.page
     app_url = app.url
     long_run = {
         "model": {"kind": "mlp", "depth": 8, "width": 64},
@@ -357,7 +348,7 @@ def test_cancel_and_live_list(app: App, page: Page, requested_urls: list[str], p
     assert _request(f"{app_url}/api/experiments/{first['id']}/cancel", {})[0] == 200
     expect(row).to_have_text("cancelled", timeout=10_000)
     assert page.evaluate("window.__noReload") == 1
-    assert any(f"/api/experiments/{first['id']}/events" in u for u in requested_urls)
+    assert any(f"/api/experiments/{first['id']}/events" in u for u in tab.requested)
 
     # The experiment page's Cancel button, while live steps arrive on the charts.
     code, exp = _request(f"{app_url}/api/experiments", long_run)
@@ -398,13 +389,14 @@ def test_cancel_and_live_list(app: App, page: Page, requested_urls: list[str], p
     page.goto(app_url + "/#/")
     expect(page.locator(f"#experiments tr[data-id='{exp['id']}'] td.status")).to_have_text("cancelled")
     _screenshot(page, "list.png", full_page=False)
-    _assert_local_only(app_url, requested_urls)
-    assert not page_errors, page_errors
+    tab.assert_local_only(app_url)
+    tab.assert_no_errors()
 
 
-def test_snapshot_download_link(app: App, page: Page, page_errors: list[str]) -> None:
+def test_snapshot_download_link(app: App, tab: Tab) -> None:
     """An experiment with a CUDA memory snapshot (written to the database here: the CPU
     makes none) offers it for download."""
+    page = tab.page
     (exp_id,) = _insert_finished_experiments(app.data_dir, 1)
     snapshot = app.data_dir / f"snapshot-{exp_id}.pickle"
     snapshot.write_bytes(b"not really a pickle")
@@ -424,4 +416,4 @@ def test_snapshot_download_link(app: App, page: Page, page_errors: list[str]) ->
     expect(link).to_be_visible()
     code, body = _request(app.url + link.get_attribute("href"))
     assert code == 200 and body == "not really a pickle"
-    assert not page_errors, page_errors
+    tab.assert_no_errors()

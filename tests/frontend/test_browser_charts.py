@@ -6,17 +6,7 @@ from __future__ import annotations
 
 from itertools import product
 
-import pytest
-
-from tests.frontend.support import CHROMIUM, assert_charts_clear
-
-if not CHROMIUM.exists():
-    pytest.skip(f"{CHROMIUM} not found: no browser for the frontend test", allow_module_level=True)
-
-from playwright.sync_api import Page  # noqa: E402
-
-pytestmark = pytest.mark.browser
-
+from tests.frontend.support import Tab, assert_charts_clear
 
 #: A gradient chart as GET /api/sweeps/{id}/charts/correctness draws it, for a sweep of 16
 #: runs (segments x RNG x AMP): labels that would stand on end under 16 bars.
@@ -40,7 +30,8 @@ MANY_RUNS_CORRECTNESS = {
 }
 
 
-def test_a_gradient_chart_of_many_runs_reads_across_with_no_text_overlapping(app_url: str, page: Page) -> None:
+def test_a_gradient_chart_of_many_runs_reads_across_with_no_text_overlapping(app_url: str, tab: Tab) -> None:
+    page = tab.page
     page.goto(app_url + "/#/")
     page.evaluate(
         """async (fig) => {

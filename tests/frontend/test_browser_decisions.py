@@ -3,25 +3,20 @@ the same work run twice is "no measurable difference" in the API and on the page
 
 from __future__ import annotations
 
-import pytest
+from playwright.sync_api import expect
 
-from tests.frontend.support import CHROMIUM, RUN_TIMEOUT_MS, _get_json, _request
+from ckptlab.summary import RunSummary
+from tests.frontend.support import RUN_TIMEOUT_MS, Tab, _get_json, _request
 from tests.support import wait_for
 
-if not CHROMIUM.exists():
-    pytest.skip(f"{CHROMIUM} not found: no browser for the frontend test", allow_module_level=True)
 
-from playwright.sync_api import Page, expect  # noqa: E402
-
-pytestmark = pytest.mark.browser
-
-
-def test_the_same_work_twice_is_no_measurable_difference(app_url: str, page: Page, page_errors: list[str]) -> None:
+def test_the_same_work_twice_is_no_measurable_difference(app_url: str, tab: Tab) -> None:
     # segments=1 checkpoints nothing (checkpoint_sequential runs its last segment plainly): the
     # same work as strategy none. Baseline, run, baseline again, as a sweep orders them, so
     # a drift of the machine during the test widens the interval instead of biasing it.
     # Steps of tens of ms: at the sub-ms steps of a tiny model, the scheduler's jitter between
     # runs is itself a "measurable" 10-30% (issue 19's run-to-run noise, which pairing fixes).
+    page = tab.page
     spec = {
         "model": {"kind": "mlp", "depth": 8, "width": 512},
         "batch_size": 256,
@@ -53,7 +48,7 @@ def test_the_same_work_twice_is_no_measurable_difference(app_url: str, page: Pag
     expect(page.locator("#exp-overhead")).to_have_text("no measurable difference")
     expect(page.locator("#exp-overhead-ci")).to_contain_text("95% CI")
     expect(page.locator("#exp-headline")).to_contain_text("no measurable difference")
-    assert not page_errors, page_errors
+    tab.assert_no_errors()
 
 
 def _insert_sweep_with_a_noisy_fastest_run(app_dir) -> tuple[int, dict[str, int]]:
@@ -65,7 +60,7 @@ def _insert_sweep_with_a_noisy_fastest_run(app_dir) -> tuple[int, dict[str, int]
     from ckptlab.db.database import make_engine, make_sessionmaker
     from ckptlab.db.models import Experiment, Sweep
     from ckptlab.settings import Settings
-    from ckptlab.sweeps import plan_sweep
+    from ckptlab.spec.sweeps import plan_sweep
     from tests.factories import spec_dict
 
     mib = 2**20
@@ -106,9 +101,8 @@ def _insert_sweep_with_a_noisy_fastest_run(app_dir) -> tuple[int, dict[str, int]
         engine.dispose()
 
 
-def test_the_panel_names_the_servers_pick_when_the_raw_fastest_run_is_inside_the_noise(
-    app, page: Page, page_errors: list[str]
-) -> None:
+def test_the_panel_names_the_servers_pick_when_the_raw_fastest_run_is_inside_the_noise(app, tab: Tab) -> None:
+    page = tab.page
     sweep_id, ids = _insert_sweep_with_a_noisy_fastest_run(app.data_dir)
     budget = 30 * 2**20
     code, rec = _get_json(f"{app.url}/api/sweeps/{sweep_id}/recommendation?budget_bytes={budget}")
@@ -122,15 +116,16 @@ def test_the_panel_names_the_servers_pick_when_the_raw_fastest_run_is_inside_the
     expect(page.locator("#sweep-runs tbody tr.recommended")).to_have_attribute("data-id", str(ids["segments=2"]))
     expect(page.locator("#sweep-runs tbody tr.recommended")).to_have_count(1)
     expect(page.locator("#recommend-reason")).to_contain_text("simpler settings win ties within the noise")
-    assert not page_errors, page_errors
+    tab.assert_no_errors()
 
 
-def test_an_undetermined_gradient_verdict_is_shown_as_such(app, page: Page, page_errors: list[str]) -> None:
+def test_an_undetermined_gradient_verdict_is_shown_as_such(app, tab: Tab) -> None:
     from ckptlab.db import store
     from ckptlab.db.database import make_engine, make_sessionmaker
     from ckptlab.settings import Settings
     from tests.factories import make_spec
 
+    page = tab.page
     engine = make_engine(Settings(data_dir=app.data_dir).resolved_database_url)
     try:
         with make_sessionmaker(engine)() as s:
@@ -143,16 +138,18 @@ def test_an_undetermined_gradient_verdict_is_shown_as_such(app, page: Page, page
                 s,
                 experiment_id=exp.id,
                 status="succeeded",
-                summary={
-                    "activation_bytes": 1024,
-                    "peak_allocated_bytes": 4096,
-                    "gradients_match": None,
-                    "gradient_verdict": "undetermined: vanishing gradients",
-                    "grad_max_abs": 1e-25,
-                },
+                summary=RunSummary.model_validate(
+                    {
+                        "activation_bytes": 1024,
+                        "peak_allocated_bytes": 4096,
+                        "gradients_match": None,
+                        "gradient_verdict": "undetermined: vanishing gradients",
+                        "grad_max_abs": 1e-25,
+                    }
+                ),
             )
     finally:
         engine.dispose()
     page.goto(f"{app.url}/#/experiments/{exp.id}")
     expect(page.locator("#m-grad")).to_have_text("undetermined: vanishing gradients")
-    assert not page_errors, page_errors
+    tab.assert_no_errors()

@@ -5,29 +5,20 @@ from __future__ import annotations
 
 import re
 
-import pytest
+from playwright.sync_api import expect
 
 from tests.frontend.support import (
-    CHROMIUM,
     RUN_TIMEOUT_MS,
-    _assert_local_only,
+    Tab,
     _count,
     _request,
 )
 
-if not CHROMIUM.exists():
-    pytest.skip(f"{CHROMIUM} not found: no browser for the frontend test", allow_module_level=True)
 
-from playwright.sync_api import Page, expect  # noqa: E402
-
-pytestmark = pytest.mark.browser
-
-
-def test_without_event_streams_the_pages_poll(
-    app_url: str, page: Page, requested_urls: list[str], page_errors: list[str]
-) -> None:
+def test_without_event_streams_the_pages_poll(app_url: str, tab: Tab) -> None:
     """A proxy that refuses ``text/event-stream`` (here: every /events answered 503): the
     experiment and sweep pages fall back to polling and still finish."""
+    page = tab.page
     page.route(re.compile(r".*/events(\?.*)?$"), lambda route: route.fulfill(status=503, body="no streams here"))
     tiny = {
         "model": {"kind": "mlp", "depth": 4, "width": 16},
@@ -53,17 +44,16 @@ def test_without_event_streams_the_pages_poll(
     page.goto(f"{app_url}/#/sweeps/{sweep['id']}")
     expect(page.locator("#sweep-progress-text")).to_have_text("4 of 4", timeout=RUN_TIMEOUT_MS)  # baseline twice
     page.wait_for_function("(document.getElementById('sweep-chart-correctness').data || [{x: []}])[0].x.length === 2")
-    assert any("/events" in u for u in requested_urls), "the pages did not try their streams first"
-    _assert_local_only(app_url, requested_urls)
-    assert not [e for e in page_errors if "EventSource" not in e], page_errors
+    assert any("/events" in u for u in tab.requested), "the pages did not try their streams first"
+    tab.assert_local_only(app_url)
+    tab.assert_no_errors(but="EventSource")
 
 
 # ----------------------------------------------------------------------------- errors
 
 
-def test_invalid_value_shows_field_error(
-    app_url: str, page: Page, requested_urls: list[str], page_errors: list[str]
-) -> None:
+def test_invalid_value_shows_field_error(app_url: str, tab: Tab) -> None:
+    page = tab.page
     before = _count(app_url)
     page.goto(app_url + "/#/new")
     page.select_option("#checkpoint\\.strategy", "sequential")
@@ -85,7 +75,7 @@ def test_invalid_value_shows_field_error(
     segments.fill("2")
     expect(error).to_have_count(0)
 
-    # The union tag in ["body", "model", "mlp", "width"] is mapped to the width input.
+    # ["body", "model", "width"] (a field of the kind) is mapped to the width input.
     page.fill("#f-mlp-width", "0")
     page.click("#submit")
     width_error = page.locator(".field:has(#f-mlp-width) .field-error")
@@ -101,13 +91,12 @@ def test_invalid_value_shows_field_error(
     assert _count(app_url) == before
     page.fill("#f-mlp-depth", "8")
 
-    _assert_local_only(app_url, requested_urls)
-    assert not page_errors, page_errors
+    tab.assert_local_only(app_url)
+    tab.assert_no_errors()
 
 
-def test_invalid_sweep_values_show_field_errors(
-    app_url: str, page: Page, requested_urls: list[str], page_errors: list[str]
-) -> None:
+def test_invalid_sweep_values_show_field_errors(app_url: str, tab: Tab) -> None:
+    page = tab.page
     sweeps = _count(app_url, "sweeps")
     page.goto(app_url + "/#/new?mode=sweep")
     page.click("[data-preset='tiny']")
@@ -136,7 +125,7 @@ def test_invalid_sweep_values_show_field_errors(
     expect(page.locator("#run-count")).to_contain_text("2 runs (3 segment counts, 1 not queued: see below)")
     expect(page.locator("#plan-notes")).to_contain_text("1 combination is invalid")
 
-    # A bad base value: ["body", "base", "model", "mlp", "width"] lands on the width input.
+    # A bad base value: ["body", "base", "model", "width"] lands on the width input.
     list_input.fill("2,4")
     expect(list_error).to_have_count(0)
     page.fill("#f-mlp-width", "0")
@@ -147,8 +136,8 @@ def test_invalid_sweep_values_show_field_errors(
     assert "#/sweeps/" not in page.url
     assert _count(app_url, "sweeps") == sweeps
 
-    _assert_local_only(app_url, requested_urls)
-    assert not page_errors, page_errors
+    tab.assert_local_only(app_url)
+    tab.assert_no_errors()
 
 
 # ----------------------------------------------------------------------------- list

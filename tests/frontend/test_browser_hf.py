@@ -5,24 +5,20 @@ Llama built from its config, nothing downloaded) and its page draws the charts."
 from __future__ import annotations
 
 import pytest
+from playwright.sync_api import expect
 
-from tests.frontend.support import CHROMIUM, _get_json, _trace_names, submit_and_finish
+from tests.frontend.support import Tab, _get_json, _trace_names, submit_and_finish
 
-if not CHROMIUM.exists():
-    pytest.skip(f"{CHROMIUM} not found: no browser for the frontend test", allow_module_level=True)
 pytest.importorskip("transformers")
 
-from playwright.sync_api import Page, expect  # noqa: E402
 
-pytestmark = pytest.mark.browser
-
-
-def test_submit_an_hf_llama_from_the_form_and_see_its_charts(app_url: str, page: Page, page_errors: list[str]) -> None:
+def test_submit_an_hf_llama_from_the_form_and_see_its_charts(app_url: str, tab: Tab) -> None:
+    page = tab.page
     page.goto(app_url + "/#/new")
     page.select_option("#model\\.kind", "hf")
     page.select_option("#f-hf-architecture", "resnet")
     expect(page.locator("#f-hf-image_size")).to_have_value("64")  # the architecture's example
-    expect(page.locator("#f-hf-attn")).to_be_hidden()  # no attention in a ResNet
+    expect(page.locator("#f-hf-attn_implementation")).to_be_hidden()  # no attention in a ResNet
     page.select_option("#f-hf-architecture", "llama")
     expect(page.locator("#f-hf-blocks")).to_contain_text("LlamaDecoderLayer")
     expect(page.locator("#f-hf-hidden_size")).to_have_value("256")
@@ -60,22 +56,21 @@ def test_submit_an_hf_llama_from_the_form_and_see_its_charts(app_url: str, page:
     assert _trace_names(page, "chart-time")[:3] == ["forward", "backward", "optimizer"]
     expect(page.locator("#exp-summary")).to_contain_text("Activation memory")
     expect(page.locator("#exp-title, #exp-summary, body").first).to_contain_text("hf llama")
-    assert not page_errors, page_errors
+    tab.assert_no_errors()
 
 
-def test_torchvision_where_it_does_not_import_is_refused_next_to_the_kind(
-    app_url: str, page: Page, page_errors: list[str]
-) -> None:
-    from ckptlab.spec_torchvision import torchvision_problem
+def test_torchvision_where_it_does_not_import_is_refused_next_to_the_kind(app_url: str, tab: Tab) -> None:
+    from ckptlab.spec.torchvision_model import torchvision_problem
 
+    page = tab.page
     if torchvision_problem() is None:
         pytest.skip("torchvision imports here: the kind is accepted")
     page.goto(app_url + "/#/new")
     page.select_option("#model\\.kind", "torchvision")
-    page.select_option("#f-tv-architecture", "resnet50")
-    expect(page.locator("#f-tv-architecture")).to_contain_text("resnet50 — 16 blocks")
+    page.select_option("#f-torchvision-architecture", "resnet50")
+    expect(page.locator("#f-torchvision-architecture")).to_contain_text("resnet50 — 16 blocks")
     page.click("#submit")
     error = page.locator(".field-error", has_text="torchvision does not import here")
     expect(error).to_be_visible()
     assert page.url.endswith("#/new")
-    assert not page_errors, page_errors
+    tab.assert_no_errors()

@@ -4,27 +4,22 @@ time against peak, and names the recommendation."""
 
 from __future__ import annotations
 
-import pytest
+from playwright.sync_api import expect
 
-from tests.frontend.support import CHROMIUM, RUN_TIMEOUT_MS
-
-if not CHROMIUM.exists():
-    pytest.skip(f"{CHROMIUM} not found: no browser for the frontend test", allow_module_level=True)
-
-from playwright.sync_api import Page, expect  # noqa: E402
-
-pytestmark = pytest.mark.browser
+from tests.frontend.support import RUN_TIMEOUT_MS, Tab
 
 
-def test_plan_a_budget_and_see_the_blocks_the_budget_line_and_the_front(
-    app_url: str, page: Page, page_errors: list[str]
-) -> None:
-    from ckptlab.spec import ExperimentSpec
+def test_plan_a_budget_and_see_the_blocks_the_budget_line_and_the_front(app_url: str, tab: Tab) -> None:
+    from ckptlab.worker.engine.run import run_experiment
+
+    page = tab.page
+    from ckptlab.spec.experiment import ExperimentSpec
     from tests.factories import spec_dict
-    from worker.engine import run_experiment
 
     shape = {"model.depth": 8, "model.width": 128, "batch_size": 256, "steps": 3, "timed_steps": 3}
-    budget = run_experiment(ExperimentSpec.model_validate(spec_dict(**shape)))["peak_allocated_bytes"] * 95 // 100
+    budget = (
+        run_experiment(ExperimentSpec.model_validate(spec_dict(**shape))).dump()["peak_allocated_bytes"] * 95 // 100
+    )
 
     page.goto(app_url + "/#/new?mode=plan")
     expect(page.locator("#mode-plan")).to_be_checked()
@@ -52,4 +47,4 @@ def test_plan_a_budget_and_see_the_blocks_the_budget_line_and_the_front(
     front = page.evaluate("document.getElementById('plan-chart-front').data[0]")
     assert front["name"] == "front" and len(front["x"]) >= 1
     expect(page.locator("#plan-recommendation")).to_contain_text("Use ")
-    assert not page_errors, page_errors
+    tab.assert_no_errors()

@@ -7,24 +7,17 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import pytest
+from playwright.sync_api import expect
 
 from tests.frontend.support import (
-    CHROMIUM,
     RUN_TIMEOUT_MS,
+    Tab,
     _free_port,
     _request,
     _stop,
     start_ckptlab,
     wait_healthy,
 )
-
-if not CHROMIUM.exists():
-    pytest.skip(f"{CHROMIUM} not found: no browser for the frontend test", allow_module_level=True)
-
-from playwright.sync_api import Page, expect  # noqa: E402
-
-pytestmark = pytest.mark.browser
 
 #: A run that goes on until cancelled (steps are cheap: a small MLP).
 LONG_RUN = {
@@ -39,9 +32,10 @@ LONG_RUN = {
 
 
 def test_a_queued_run_shows_its_place_and_a_running_one_its_step_of_the_total_and_time_left(
-    tmp_path: Path, page: Page, page_errors: list[str]
+    tmp_path: Path, tab: Tab
 ) -> None:
     """One worker slot: the first run runs, the second waits first in the queue."""
+    page = tab.page
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     worker = start_ckptlab(["worker", "--cpu-slots", "1"], tmp_path, "worker.log", CKPTLAB_POLL_INTERVAL_S="0.2")
@@ -72,7 +66,7 @@ def test_a_queued_run_shows_its_place_and_a_running_one_its_step_of_the_total_an
             assert _request(f"{url}/api/experiments/{i}/cancel", {})[0] == 200
         expect(page.locator("#exp-status")).to_have_text("cancelled", timeout=30_000)
         expect(progress).to_be_hidden()
-        assert not page_errors, page_errors
+        tab.assert_no_errors()
     finally:
         _stop(backend)
         _stop(worker)

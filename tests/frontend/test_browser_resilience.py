@@ -9,11 +9,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from playwright.sync_api import Page, expect
 
 from tests.frontend.support import (
-    CHROMIUM,
     RUN_TIMEOUT_MS,
     App,
+    Tab,
     _free_port,
     _get_json,
     _request,
@@ -22,13 +23,7 @@ from tests.frontend.support import (
     start_ckptlab,
     wait_healthy,
 )
-
-if not CHROMIUM.exists():
-    pytest.skip(f"{CHROMIUM} not found: no browser for the frontend test", allow_module_level=True)
-
-from playwright.sync_api import Page, expect  # noqa: E402
-
-pytestmark = pytest.mark.browser
+from tests.support import age_lease, wait_for
 
 TOKEN = "browser-test-token"
 #: Every step event any EventSource of the page received, as [attempt, step], in order.
@@ -65,9 +60,28 @@ def _fill_long_mlp(page: Page) -> None:
     page.select_option("#device", "cpu")
 
 
-def test_with_a_token_the_ui_plans_submits_and_cancels_after_it_is_entered(
-    token_app: App, page: Page, page_errors: list[str]
-) -> None:
+def _wait_for_stored_step(data_dir: Path, experiment_id: int, step: int) -> None:
+    """Wait until the database in ``data_dir`` holds step ``step`` of the experiment's first
+    attempt (read straight from the database: no backend needed)."""
+    from ckptlab.db import store
+    from ckptlab.db.database import make_engine, make_sessionmaker
+    from ckptlab.settings import Settings
+
+    engine = make_engine(Settings(data_dir=data_dir).resolved_database_url)
+    sessions = make_sessionmaker(engine)
+
+    def stored() -> bool:
+        with sessions() as s:
+            return store.last_step(s, experiment_id=experiment_id, attempt=1) >= step
+
+    try:
+        wait_for(stored, timeout=RUN_TIMEOUT_MS / 1000)
+    finally:
+        engine.dispose()
+
+
+def test_with_a_token_the_ui_plans_submits_and_cancels_after_it_is_entered(token_app: App, tab: Tab) -> None:
+    page = tab.page
     url = token_app.url
     page.goto(url + "/#/new")
     expect(page.locator("#token-form")).to_be_visible()
@@ -108,14 +122,15 @@ def test_with_a_token_the_ui_plans_submits_and_cancels_after_it_is_entered(
     # The token stays for the session: a reload still writes.
     page.reload()
     expect(page.locator("#token-state")).to_contain_text("set for this session")
-    assert not page_errors, page_errors
+    tab.assert_no_errors()
 
 
 def test_a_live_stream_resumes_after_a_backend_restart_with_no_step_missed_or_repeated(
-    tmp_path: Path, page: Page, page_errors: list[str]
+    tmp_path: Path, tab: Tab
 ) -> None:
     """Backend and worker as separate processes on one database; the backend is stopped
-    for a few seconds while the run goes on, then started again on the same port."""
+    while the run stores 100 more steps, then started again on the same port."""
+    page = tab.page
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     log = tmp_path / "serve.log"
@@ -140,7 +155,10 @@ def test_a_live_stream_resumes_after_a_backend_restart_with_no_step_missed_or_re
 
         _stop(backend)
         expect(page.locator("#exp-live")).to_have_text("reconnecting…", timeout=15_000)
-        page.wait_for_timeout(3000)  # steps go on being written while no backend serves
+        # The run goes on while no backend serves: once the worker has stored a backlog of
+        # steps the page never got, the restarted backend has to send them all.
+        seen = max(step for _attempt, step in page.evaluate("window.__stepEvents"))
+        _wait_for_stored_step(tmp_path, exp["id"], seen + 100)
         backend = start_ckptlab(["serve", "--port", str(port)], tmp_path, "serve.log")
         wait_healthy(url, backend, log)
         expect(page.locator("#exp-live")).to_have_text("live", timeout=30_000)
@@ -156,29 +174,28 @@ def test_a_live_stream_resumes_after_a_backend_restart_with_no_step_missed_or_re
         expected = [[1, s["step"]] for s in stored["data"]]
         assert len(received) == len({tuple(r) for r in received}), "a step arrived twice"
         assert received == expected, "steps missing or out of order"
-        assert not [e for e in page_errors if "EventSource" not in e], page_errors
+        tab.assert_no_errors(but="EventSource")
     finally:
         _stop(backend)
         _stop(worker)
 
 
-def test_a_requeued_experiments_page_shows_the_lost_attempt_and_the_one_that_succeeded(
-    app: App, page: Page, page_errors: list[str]
-) -> None:
-    import time
-
+def test_a_requeued_experiments_page_shows_the_lost_attempt_and_the_one_that_succeeded(app: App, tab: Tab) -> None:
     from ckptlab.db import queue, store
     from ckptlab.db.database import make_engine, make_sessionmaker
     from ckptlab.settings import Settings
     from tests.factories import make_spec
 
+    page = tab.page
     # Attempt 1 held by a worker that never heartbeats (as after kill -9), reaped; the app's
-    # own worker then claims attempt 2 and runs it.
+    # own worker then claims attempt 2 and runs it. The claim is dated 5 s back, past the
+    # reaper's 1 s lease here (no waiting it out) but inside the app's own 60 s lease, so
+    # the app's reaper does not take it first.
     engine = make_engine(Settings(data_dir=app.data_dir).resolved_database_url)
     try:
         with make_sessionmaker(engine)() as s:
             exp = store.create_experiment(s, spec=make_spec(steps=3), status="running", worker_id="gone-host:4242")
-            time.sleep(1.1)
+            age_lease(s, experiment_id=exp.id, seconds=5)
             assert queue.reap_lost(s, lease_s=1, max_attempts=3) == 1
     finally:
         engine.dispose()
@@ -197,4 +214,4 @@ def test_a_requeued_experiments_page_shows_the_lost_attempt_and_the_one_that_suc
         ("running", 2),
         ("succeeded", 2),
     ]
-    assert not page_errors, page_errors
+    tab.assert_no_errors()

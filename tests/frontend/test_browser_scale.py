@@ -6,26 +6,18 @@ from __future__ import annotations
 import re
 
 import pytest
+from playwright.sync_api import expect
 
 from tests.frontend.support import (
-    CHROMIUM,
     App,
-    _assert_local_only,
+    Tab,
     _count,
     _insert_finished_experiments,
 )
 
-if not CHROMIUM.exists():
-    pytest.skip(f"{CHROMIUM} not found: no browser for the frontend test", allow_module_level=True)
 
-from playwright.sync_api import Page, expect  # noqa: E402
-
-pytestmark = pytest.mark.browser
-
-
-def test_list_of_100_experiments_renders_within_a_second(
-    app: App, page: Page, requested_urls: list[str], page_errors: list[str]
-) -> None:
+def test_list_of_100_experiments_renders_within_a_second(app: App, tab: Tab) -> None:
+    page = tab.page
     _insert_finished_experiments(app.data_dir, 100)
     assert _count(app.url) >= 100
     # Record when the table first has 100 rows, measured in the page from navigation start.
@@ -82,11 +74,12 @@ def test_list_of_100_experiments_renders_within_a_second(
         return v.length > 1 && unknownLast && v.every((x, i) => i === 0 || v[i - 1] <= x);
       }"""
     )
-    _assert_local_only(app.url, requested_urls)
-    assert not page_errors, page_errors
+    tab.assert_local_only(app.url)
+    tab.assert_no_errors()
 
 
-def test_charts_switch_to_webgl_above_1000_points(app_url: str, page: Page, page_errors: list[str]) -> None:
+def test_charts_switch_to_webgl_above_1000_points(app_url: str, tab: Tab) -> None:
+    page = tab.page
     page.goto(app_url + "/#/new")
     types = page.evaluate(
         """async () => {
@@ -118,19 +111,20 @@ def test_charts_switch_to_webgl_above_1000_points(app_url: str, page: Page, page
     assert types["sweepLarge"] == ["scattergl"]
     assert types["series"] == ["scattergl"]
     assert types["unit"] == "peak allocated (KiB)"
-    assert not page_errors, page_errors
+    tab.assert_no_errors()
 
 
 @pytest.mark.parametrize(("path", "marker"), [("/docs", ".opblock-summary-path"), ("/redoc", "[data-section-id]")])
 def test_api_docs_render_with_every_request_outside_the_server_failing(
-    app_url: str, page: Page, requested_urls: list[str], path: str, marker: str
+    app_url: str, tab: Tab, path: str, marker: str
 ) -> None:
     # Offline: anything not served by ckptlab itself fails, as on a machine without network.
+    page = tab.page
     page.route(re.compile(r"^(?!" + re.escape(app_url) + r").*"), lambda route: route.abort())
     page.goto(app_url + path)
     expect(page.locator(marker).first).to_be_visible(timeout=20_000)
     assert page.get_by_text("/api/experiments").first.is_visible() or path == "/redoc"
     if path == "/redoc":
         expect(page.get_by_text("Create a sweep").first).to_be_attached()
-    local = [u for u in requested_urls if u.startswith(app_url)]
+    local = [u for u in tab.requested if u.startswith(app_url)]
     assert any("static-offline-docs" in u for u in local), local

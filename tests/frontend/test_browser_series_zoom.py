@@ -7,16 +7,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
+from playwright.sync_api import Page
 
-from tests.frontend.support import CHROMIUM, App, _assert_local_only
-
-if not CHROMIUM.exists():
-    pytest.skip(f"{CHROMIUM} not found: no browser for the frontend test", allow_module_level=True)
-
-from playwright.sync_api import Page  # noqa: E402
-
-pytestmark = pytest.mark.browser
+from ckptlab.summary import RunSummary
+from tests.frontend.support import App, Tab
 
 N = 150_000
 
@@ -33,7 +27,7 @@ def _insert_long_run(app_dir: Path) -> int:
     from ckptlab.db import store
     from ckptlab.db.database import make_engine, make_sessionmaker
     from ckptlab.settings import Settings
-    from ckptlab.spec import ExperimentSpec
+    from ckptlab.spec.experiment import ExperimentSpec
 
     engine = make_engine(Settings(data_dir=app_dir).resolved_database_url)
     spec = ExperimentSpec.model_validate(
@@ -59,7 +53,7 @@ def _insert_long_run(app_dir: Path) -> int:
                 store.add_steps(session, experiment_id=exp.id, attempt=1, records=records)
             from ckptlab.db import queue
 
-            queue.finish_experiment(session, experiment_id=exp.id, status="succeeded", summary={})
+            queue.finish_experiment(session, experiment_id=exp.id, status="succeeded", summary=RunSummary())
             return exp.id
     finally:
         engine.dispose()
@@ -95,9 +89,8 @@ def _drag(page: Page, chart: str, x_from: float, x_to: float) -> None:
     page.mouse.up()
 
 
-def test_zooming_a_long_run_reads_the_range_again_at_full_resolution(
-    app: App, page: Page, requested_urls: list[str], page_errors: list[str]
-) -> None:
+def test_zooming_a_long_run_reads_the_range_again_at_full_resolution(app: App, tab: Tab) -> None:
+    page = tab.page
     exp_id = _insert_long_run(app.data_dir)
     page.goto(f"{app.url}/#/experiments/{exp_id}")
     page.wait_for_function(f"(() => {{ const t = ({STEP_TRACE})(); return t && t.x.at(-1) === {N}; }})()")
@@ -110,7 +103,7 @@ def test_zooming_a_long_run_reads_the_range_again_at_full_resolution(
     page.wait_for_function(
         f"(() => {{ const t = ({STEP_TRACE})(); return t && t.x[0] > 50000 && t.x.at(-1) < 90000; }})()"
     )
-    assert any("step_min=" in u and "metric=step_ms" in u for u in requested_urls)
+    assert any("step_min=" in u and "metric=step_ms" in u for u in tab.requested)
 
     # A narrow zoom: every step of the range, exactly the stored values.
     _drag(page, "chart-time", 70_000, 71_500)
@@ -133,5 +126,5 @@ def test_zooming_a_long_run_reads_the_range_again_at_full_resolution(
     page.mouse.dblclick(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
     page.wait_for_function(f"(() => {{ const t = ({STEP_TRACE})(); return t && t.x.at(-1) === {N}; }})()")
     assert page.evaluate(STEP_TRACE) == whole
-    _assert_local_only(app.url, requested_urls)
-    assert not page_errors, page_errors
+    tab.assert_local_only(app.url)
+    tab.assert_no_errors()

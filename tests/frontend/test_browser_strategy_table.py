@@ -7,21 +7,13 @@ from __future__ import annotations
 
 import re
 
-import pytest
+from playwright.sync_api import expect
 
-from tests.frontend.support import CHROMIUM
-
-if not CHROMIUM.exists():
-    pytest.skip(f"{CHROMIUM} not found: no browser for the frontend test", allow_module_level=True)
-
-from playwright.sync_api import Page, expect  # noqa: E402
-
-pytestmark = pytest.mark.browser
+from tests.frontend.support import Tab
 
 
-def test_a_registered_strategy_appears_in_the_form(
-    noop_strategy, client, app_url: str, page: Page, page_errors: list[str]
-) -> None:
+def test_a_registered_strategy_appears_in_the_form(noop_strategy, client, app_url: str, tab: Tab) -> None:
+    page = tab.page
     meta = client.get("/api/meta").json()
     page.route(re.compile(r".*/api/meta$"), lambda route: route.fulfill(json=meta))
     page.goto(app_url + "/#/new")
@@ -42,4 +34,4 @@ def test_a_registered_strategy_appears_in_the_form(
     expect(box).not_to_be_checked()  # not a sweep default
     box.check()
     expect(page.locator("#run-count")).to_contain_text("3 strategies")
-    assert not page_errors, page_errors
+    tab.assert_no_errors()

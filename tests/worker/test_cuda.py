@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from ckptlab.worker.engine.run import run_experiment
 from tests.factories import make_spec
-from worker.engine import run_experiment
 
 pytestmark = pytest.mark.gpu
 
@@ -40,8 +40,8 @@ def _spec(device: str, overrides: dict):
 
 @pytest.mark.parametrize("name", list(SPECS))
 def test_cuda_activation_bytes_equal_the_cpu_exact_count_within_2_percent(name):
-    cpu = run_experiment(_spec("cpu", SPECS[name]))
-    cuda = run_experiment(_spec("cuda", SPECS[name]))
+    cpu = run_experiment(_spec("cpu", SPECS[name])).dump()
+    cuda = run_experiment(_spec("cuda", SPECS[name])).dump()
     ratio = cuda["activation_bytes"] / cpu["activation_bytes"]
     print(f"{name}: cpu {cpu['activation_bytes']} cuda {cuda['activation_bytes']} ratio {ratio:.4f}")
     assert 0.98 <= ratio <= 1.02
@@ -49,7 +49,7 @@ def test_cuda_activation_bytes_equal_the_cpu_exact_count_within_2_percent(name):
 
 def test_the_cuda_timing_pass_keeps_its_memory_readings():
     records: list[dict] = []
-    summary = run_experiment(_spec("cuda", SPECS["mlp-none"]), on_step=records.append)
+    summary = run_experiment(_spec("cuda", SPECS["mlp-none"]), on_step=records.append).dump()
     timed = [r for r in records if r["extra"]["pass"] == "timed"]
     assert len(timed) == 3 and all(r["peak_allocated_bytes"] > 0 for r in timed)
     assert summary["timing_pass"] == "timed" and summary["timing"]["step_ms"]["n"] == 3
@@ -61,7 +61,7 @@ def test_a_checkpointed_cuda_run_is_paired_on_cuda_event_times():
     from ckptlab.summary import RunSummary
 
     spec = make_spec(device="cuda", verify_gradients=False, timed_steps=10, **SPECS["mlp-per_block"])
-    summary = RunSummary.load(run_experiment(spec))
+    summary = RunSummary.load(run_experiment(spec).dump())
     base, run, clock = summary.paired_rounds()
     assert clock == "wall time" and len(base) == len(run) == 10
     assert all(t > 0 for t in base + run)

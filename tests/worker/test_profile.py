@@ -13,16 +13,16 @@ from fastapi.testclient import TestClient
 from torch import nn
 
 import ckptlab
-from backend.app import create_app
+from ckptlab.backend.app import create_app
 from ckptlab.db import queue, store
 from ckptlab.db.database import make_engine, make_sessionmaker
 from ckptlab.db.models import Step, Worker
 from ckptlab.settings import Settings, get_settings
+from ckptlab.worker.profile import find_blocks
+from ckptlab.worker.service.heartbeat import in_process_owner, in_process_worker_id
 from tests.factories import make_spec
 from tests.support import in_process_worker as worker_thread
 from tests.support import wait_for
-from worker.heartbeat import in_process_owner, in_process_worker_id
-from worker.profile import find_blocks
 
 #: A short lease for the tests that run a dashboard's worker beside ``profile()``.
 LEASE_S = 1.5
@@ -91,17 +91,17 @@ def test_profile_runs_a_model_in_hand_and_the_dashboard_lists_it(database_url, d
     url = database_url
     x, y = torch.randn(16, 8), torch.randint(0, 3, (16,))
     summary = ckptlab.profile(model, (x, y), strategy="per_block", steps=3, timed_steps=2, database_url=url)
-    assert summary["status"] == "succeeded", summary["error"]
-    assert summary["param_count"] == sum(p.numel() for p in model.parameters())
-    assert summary["gradients_match"] is True and summary["recompute_peak_bytes"] > 0
+    assert summary.status == "succeeded", summary.error
+    assert summary.param_count == sum(p.numel() for p in model.parameters())
+    assert summary.gradients_match is True and summary.recompute_peak_bytes > 0
     # The caller's model is untouched: same weights, no checkpointing wrappers.
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert all(isinstance(m, _Block) for m in model.layers)
 
-    assert summary["database_url"] == url
+    assert summary.database_url == url
     with TestClient(create_app(Settings(database_url=url, data_dir=data_dir))) as client:
         listed = client.get("/api/experiments").json()["data"]
-    (row,) = [e for e in listed if e["id"] == summary["experiment_id"]]
+    (row,) = [e for e in listed if e["id"] == summary.experiment_id]
     assert row["spec"]["model"] == {"kind": "python", "target": f"{__name__}:_Net", "depth": 4, "kwargs": {}}
     assert row["status"] == "succeeded"
 
@@ -119,8 +119,8 @@ def test_profile_without_targets_and_with_blocks_named(database_url):
         verify_gradients=False,
         database_url=url,
     )
-    assert summary["status"] == "succeeded", summary["error"]
-    assert summary["activation_bytes"] > 0
+    assert summary.status == "succeeded", summary.error
+    assert summary.activation_bytes > 0
 
 
 def test_blocks_are_the_longest_container_of_same_type_children():
@@ -142,16 +142,16 @@ def test_profile_finds_a_llamas_decoder_layers_with_a_dict_sample_and_the_dashbo
     summary = ckptlab.profile(
         model, {"input_ids": ids, "labels": ids}, strategy="per_block", steps=2, timed_steps=1, database_url=url
     )
-    assert summary["status"] == "succeeded", summary["error"]
-    assert summary["model"] == f"LlamaForCausalLM ({params:,} parameters)"
-    assert summary["blocks"] == "3 × LlamaDecoderLayer: transformers layout"
-    assert summary["gradients_match"] is True and summary["activation_bytes"] > 0
+    assert summary.status == "succeeded", summary.error
+    assert summary.model == f"LlamaForCausalLM ({params:,} parameters)"
+    assert summary.blocks == "3 × LlamaDecoderLayer: transformers layout"
+    assert summary.gradients_match is True and summary.activation_bytes > 0
 
     with TestClient(create_app(Settings(database_url=url, data_dir=tmp_path))) as client:
         listed = client.get("/api/experiments", params={"strategy": "per_block"}).json()["data"]
-    (row,) = [e for e in listed if e["id"] == summary["experiment_id"]]
+    (row,) = [e for e in listed if e["id"] == summary.experiment_id]
     assert row["spec"]["model"]["target"].endswith(":LlamaForCausalLM") and row["spec"]["model"]["depth"] == 3
-    assert row["summary"]["param_count"] == params and row["summary"]["model"] == summary["model"]
+    assert row["summary"]["param_count"] == params and row["summary"]["model"] == summary.model
     assert row["spec"]["checkpoint"]["strategy"] == "per_block"
 
 
@@ -163,17 +163,17 @@ def test_profile_stores_in_the_dashboards_database_and_warns_when_it_creates_one
     run = {"steps": 2, "timed_steps": 0, "verify_gradients": False}
     with pytest.warns(UserWarning, match="creating a new database .*dash/ckptlab.db.*CKPTLAB_DATABASE_URL"):
         first = ckptlab.profile(_Net(depth=2), torch.randn(2, 8), **run)
-    assert (first["status"], first["database_url"]) == ("succeeded", expected)
+    assert (first.status, first.database_url) == ("succeeded", expected)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the database exists now: nothing to say
         second = ckptlab.profile(_Net(depth=2), torch.randn(2, 8), **run)
-    assert second["database_url"] == expected and second["experiment_id"] == first["experiment_id"] + 1
+    assert second.database_url == expected and second.experiment_id == first.experiment_id + 1
 
     other = f"sqlite:///{tmp_path / 'elsewhere.db'}"
     fresh_settings.setenv("CKPTLAB_DATABASE_URL", other)
     get_settings.cache_clear()
     with pytest.warns(UserWarning, match="elsewhere.db"):
-        assert ckptlab.profile(_Net(depth=2), torch.randn(2, 8), **run)["database_url"] == other
+        assert ckptlab.profile(_Net(depth=2), torch.randn(2, 8), **run).database_url == other
 
 
 def test_a_long_profile_run_beside_a_dashboard_worker_is_never_taken_over(fresh_settings, database_url, data_dir):
@@ -203,11 +203,11 @@ def test_a_long_profile_run_beside_a_dashboard_worker_is_never_taken_over(fresh_
         dashboard = _worker(database_url, "dashboard")
     took = time.monotonic() - started
     assert took > 4 * LEASE_S, f"the run lasted {took:.1f} s, not several leases"
-    assert summary["status"] == "succeeded", summary["error"]
-    assert summary["gradients_match"] is True and summary["activation_bytes"] > 0
+    assert summary.status == "succeeded", summary.error
+    assert summary.gradients_match is True and summary.activation_bytes > 0
     assert dashboard.stopped_at is None  # the worker ran throughout (it marks itself stopped)
     with _session(database_url) as s:
-        row = store.get_experiment(s, experiment_id=summary["experiment_id"])
+        row = store.get_experiment(s, experiment_id=summary.experiment_id)
         assert (row.status, row.attempt, row.worker_id) == ("succeeded", 1, me)  # never claimed
         assert {st.attempt for st in s.query(Step).filter_by(experiment_id=row.id)} == {1}
         assert s.get(Worker, me).stopped_at is not None  # let go once the run ended
@@ -230,7 +230,7 @@ def test_a_run_interrupted_in_the_callers_process_is_recorded_and_the_interrupt_
     def interrupted(*_args, **_kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("worker.service.execute_experiment", interrupted)
+    monkeypatch.setattr("ckptlab.worker.service.slots.execute_experiment", interrupted)
     with pytest.raises(KeyboardInterrupt):
         ckptlab.profile(_Net(depth=2), torch.randn(2, 8), steps=2, database_url=database_url)
     with _session(database_url) as s:

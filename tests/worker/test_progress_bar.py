@@ -7,12 +7,12 @@ import io
 
 from rich.console import Console
 
+from ckptlab.analysis.progress import STEPS_PLANNED
 from ckptlab.db import store
 from ckptlab.db.database import make_engine, make_sessionmaker
-from ckptlab.progress import STEPS_PLANNED
+from ckptlab.worker.progress_bar import RunProgressBar
 from tests.backend.conftest import add_steps
 from tests.factories import make_spec
-from worker.progress_bar import RunProgressBar
 
 
 def test_the_bar_shows_the_stored_steps_of_the_planned_total_and_what_is_left(database_url, db_session) -> None:

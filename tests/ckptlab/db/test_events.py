@@ -8,7 +8,7 @@ from sqlalchemy import text
 from ckptlab.db import events, queue, store
 from ckptlab.db.database import make_engine
 from ckptlab.domain import Status
-from ckptlab.sweeps import plan_sweep
+from ckptlab.spec.sweeps import plan_sweep
 from tests.factories import make_spec, spec_dict
 
 

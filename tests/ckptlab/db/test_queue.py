@@ -4,7 +4,6 @@ and the reaper, attempts, cancels, the batch step writer, and the migrations the
 from __future__ import annotations
 
 import threading
-from datetime import timedelta
 
 import pytest
 from alembic.autogenerate import compare_metadata
@@ -14,20 +13,11 @@ from sqlalchemy.exc import OperationalError
 
 from ckptlab.db import queue, store
 from ckptlab.db.database import make_engine, make_sessionmaker
-from ckptlab.db.models import Base, Experiment, Sweep, Worker, utcnow
+from ckptlab.db.models import Base, Experiment, Sweep
+from ckptlab.summary import RunSummary
+from ckptlab.worker.service.writer import StepWriter
 from tests.factories import make_spec, step_record
-from tests.support import wait_for
-from worker.writer import StepWriter
-
-
-def _age(session, *, experiment_id=None, worker_id=None, seconds):
-    """Move an experiment's claim or a worker's heartbeat ``seconds`` into the past."""
-    past = utcnow() - timedelta(seconds=seconds)
-    if experiment_id is not None:
-        session.execute(update(Experiment).where(Experiment.id == experiment_id).values(started_at=past))
-    if worker_id is not None:
-        session.execute(update(Worker).where(Worker.id == worker_id).values(heartbeat_at=past))
-    session.commit()
+from tests.support import age_lease, wait_for
 
 
 def _claimed(session, worker_id="w1", **spec):
@@ -76,9 +66,9 @@ def test_reaper_requeues_only_experiments_of_silent_workers(any_session):
     queue.stop_worker(s, worker_id="stopped")
     fresh = _claimed(s, "silent-but-just-claimed")
     for exp in (lost, alive, stopped):
-        _age(s, experiment_id=exp.id, seconds=60)
-    _age(s, worker_id="silent", seconds=60)
-    _age(s, worker_id="silent-but-just-claimed", seconds=60)
+        age_lease(s, experiment_id=exp.id, seconds=60)
+    age_lease(s, worker_id="silent", seconds=60)
+    age_lease(s, worker_id="silent-but-just-claimed", seconds=60)
 
     assert queue.reap_lost(s, lease_s=30, max_attempts=3) == 2
     s.expire_all()
@@ -100,8 +90,8 @@ def test_reaper_fails_after_max_attempts_and_honours_cancel_requests(any_session
     flagged = _claimed(s, "gone")
     queue.request_cancel(s, experiment_id=flagged.id)
     for exp in (worn, flagged):
-        _age(s, experiment_id=exp.id, seconds=60)
-    _age(s, worker_id="gone", seconds=60)
+        age_lease(s, experiment_id=exp.id, seconds=60)
+    age_lease(s, worker_id="gone", seconds=60)
 
     assert queue.reap_lost(s, lease_s=30, max_attempts=3) == 2
     s.expire_all()
@@ -116,7 +106,7 @@ def test_reaper_takes_experiments_of_unregistered_processes_after_a_lease(any_se
     s = any_session
     exp = store.create_experiment(s, spec=make_spec(), status="running", worker_id="never-registered")
     assert queue.reap_lost(s, lease_s=30, max_attempts=3) == 0
-    _age(s, experiment_id=exp.id, seconds=60)
+    age_lease(s, experiment_id=exp.id, seconds=60)
     assert queue.reap_lost(s, lease_s=30, max_attempts=3) == 1
 
 
@@ -131,9 +121,9 @@ def test_reaper_fails_a_lost_in_process_run_instead_of_requeueing_it(any_session
     # "profile:" is the prefix, not a substring: a worker named otherwise is requeued as ever.
     other = _claimed(s, "my-profile:worker")
     for exp in (lost, alive, other):
-        _age(s, experiment_id=exp.id, seconds=60)
-    _age(s, worker_id=wid, seconds=60)
-    _age(s, worker_id="my-profile:worker", seconds=60)
+        age_lease(s, experiment_id=exp.id, seconds=60)
+    age_lease(s, worker_id=wid, seconds=60)
+    age_lease(s, worker_id="my-profile:worker", seconds=60)
 
     assert queue.reap_lost(s, lease_s=30, max_attempts=3) == 2
     s.expire_all()
@@ -157,7 +147,12 @@ def test_outcomes_only_land_on_the_attempt_that_is_running(any_session):
     assert not queue.finish_experiment(s, experiment_id=exp.id, attempt=1, status="failed", error="late")
     assert not queue.requeue_experiment(s, experiment_id=exp.id, attempt=1)
     assert queue.finish_experiment(
-        s, experiment_id=exp.id, attempt=2, status="oom", summary={"oom": {"phase": "forward"}}, warnings=["w"]
+        s,
+        experiment_id=exp.id,
+        attempt=2,
+        status="oom",
+        summary=RunSummary.model_validate({"oom": {"phase": "forward"}}),
+        warnings=["w"],
     )
     row = s.get(Experiment, exp.id, populate_existing=True)
     assert (row.status, row.summary, row.warnings, row.error) == ("oom", {"oom": {"phase": "forward"}}, ["w"], None)
@@ -258,7 +253,7 @@ def test_step_writer_retries_a_failing_database_without_losing_steps(any_databas
             raise OperationalError("INSERT", {}, Exception("database is locked"))
         return real_add_steps(session, **kwargs)
 
-    monkeypatch.setattr("worker.writer.add_steps", flaky_add_steps)
+    monkeypatch.setattr("ckptlab.worker.service.writer.add_steps", flaky_add_steps)
     writer = StepWriter(Session, experiment_id=exp.id, attempt=1, flush_interval_s=0.05).start()
     for i in range(1, 301):
         writer.put(step_record(i))

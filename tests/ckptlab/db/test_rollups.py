@@ -75,7 +75,7 @@ def test_a_retried_batch_is_rolled_up_once(any_session):
 def test_a_batch_whose_commit_was_not_acknowledged_is_rolled_up_once(any_database_url, monkeypatch):
     from sqlalchemy.exc import OperationalError
 
-    from worker.writer import StepWriter
+    from ckptlab.worker.service.writer import StepWriter
 
     engine = make_engine(any_database_url)
     Session = make_sessionmaker(engine)
@@ -91,7 +91,7 @@ def test_a_batch_whose_commit_was_not_acknowledged_is_rolled_up_once(any_databas
             raise OperationalError("COMMIT", {}, Exception("server closed the connection unexpectedly"))
         return done
 
-    monkeypatch.setattr("worker.writer.add_steps", commit_then_lose_the_answer)
+    monkeypatch.setattr("ckptlab.worker.service.writer.add_steps", commit_then_lose_the_answer)
     records = [varied_step_record(s) for s in range(1, 2001)]
     with StepWriter(Session, experiment_id=exp, attempt=1, flush_interval_s=0.01, batch_rows=300) as writer:
         for rec in records:

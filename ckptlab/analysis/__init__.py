@@ -1,0 +1,1 @@
+"""Statistics and explanations: paired-timing statistics, the peak sentence, findings, progress."""

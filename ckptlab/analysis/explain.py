@@ -1,0 +1,191 @@
+"""Plain words for a run's summary: where its peak is, and what a checkpointing setting did
+(or failed to do). Pure functions over the summary and the spec; the worker stores their
+output in the summary, the CLI prints it and the pages show it.
+"""
+
+from __future__ import annotations
+
+from ckptlab.domain import MemoryCategory
+from ckptlab.spec.experiment import ExperimentSpec
+from ckptlab.strategies import BASELINE, Mechanism, Strategy
+from ckptlab.summary import Finding, RunSummary
+
+__all__ = ["format_bytes", "peak_sentence", "findings", "FINDING_CODES", "SAVING_THRESHOLD", "SAVING_FLOOR_BYTES"]
+
+#: A checkpointing setting "saves" activations only when it keeps at least this fraction
+#: fewer bytes than the same model without checkpointing (1%; smaller differences are
+#: alignment and bookkeeping, not a saving).
+SAVING_THRESHOLD = 0.01
+#: ... and at least this many bytes (4 KiB): the engine's step and the reference forward
+#: differ by a few scalars (the loss divided by ``grad_accum_steps``, its ``float`` copy).
+SAVING_FLOOR_BYTES = 4096
+
+#: Every finding's code and what it means.
+FINDING_CODES = {
+    "offload_on_cpu": "offloading on a CPU run moves nothing: activations already live in host memory",
+    # The code keeps its first name (stored summaries carry it); it fires for any strategy
+    # whose setting wraps no block, sequential with one segment being the usual one.
+    "sequential_equals_none": "the setting checkpoints no block: it is the same as no checkpointing",
+    "checkpointing_saves_nothing": "the setting keeps as many activation bytes as no checkpointing",
+    "checkpointing_keeps_more": "the setting keeps more activation bytes than no checkpointing",
+    "peak_not_in_activations": "the peak holds no activations: checkpointing cannot lower it",
+    "memory_grows_per_step": "live memory grows at every step: something keeps each step's tensors alive",
+    "over_budget": "the measured peak is above the memory budget the plan was made for",
+}
+
+_PHASE_WORDS = {"forward": "forward", "backward": "backward", "optimizer": "optimizer.step"}
+_CATEGORY_WORDS = {c.value: c.value.replace("_", " ") for c in MemoryCategory}
+
+
+def format_bytes(n: float | None) -> str:
+    """``1536`` -> ``'1.5 KiB'`` (binary units); None -> ``'?'``."""
+    if n is None:
+        return "?"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} GiB"
+
+
+def peak_sentence(summary: RunSummary, *, optimizer: str | None = None) -> str | None:
+    """Where the peak is and what could shrink it, e.g. ``"peak 17.0 MiB is in
+    optimizer.step: optimizer state 50%, activations 0% — checkpointing cannot lower this
+    peak; a smaller optimizer state or batch would"``.
+
+    Args:
+        summary: a succeeded run's summary (``peak_phase``, ``peak_allocated_bytes``,
+            ``memory_at_peak``, ``activation_bytes_at_peak``).
+        optimizer: the spec's optimizer, named in the advice when given.
+
+    Returns:
+        The sentence, or None when the summary lacks the peak facts.
+    """
+    phase, peak = summary.peak_phase, summary.peak_allocated_bytes
+    if phase is None or not peak:
+        return None
+    shares = sorted(((v / peak, k) for k, v in summary.memory_at_peak.items() if v), reverse=True)
+    top = [f"{_CATEGORY_WORDS.get(k, k)} {100 * f:.0f}%" for f, k in shares[:2]]
+    act = summary.activation_bytes_at_peak or 0
+    if MemoryCategory.ACTIVATIONS not in [k for _f, k in shares[:2]]:
+        top.append(f"activations {100 * act / peak:.0f}%")
+    head = f"peak {format_bytes(peak)} is in {_PHASE_WORDS.get(phase, phase)}: {', '.join(top)}"
+    if act <= SAVING_THRESHOLD * peak:
+        largest = _CATEGORY_WORDS.get(shares[0][1], shares[0][1]) if shares else "memory"
+        opt = f" ({optimizer})" if optimizer and largest == "optimizer state" else ""
+        return f"{head} — checkpointing cannot lower this peak; a smaller {largest}{opt} or batch would"
+    return f"{head} — checkpointing can take at most {format_bytes(act)} off this peak"
+
+
+def findings(spec: ExperimentSpec, summary: RunSummary, strategy: Strategy) -> list[Finding]:
+    """Settings that do nothing or backfire (codes in :data:`FINDING_CODES`), in this order:
+    offload on CPU, a setting that wraps no block, the activation saving against the
+    reference, a peak without activations, a measured peak over the plan's budget, memory
+    that grows per step.
+
+    Args:
+        spec: the run's spec.
+        summary: its summary; ``activation_bytes`` less ``rng_state_bytes`` against
+            ``reference_activation_bytes`` (from the gradient check, which keeps no RNG
+            state) decides the saving findings, ``device`` the offload one,
+            ``memory_growth_bytes_per_step`` (bytes) the memory-growth one.
+        strategy: the run's strategy, resolved once (:func:`ckptlab.strategies.get_strategy`).
+    """
+    baseline = strategy.name == BASELINE
+    out = [*_offload_on_cpu(spec, summary, strategy), *([] if baseline else _wraps_no_block(spec, strategy))]
+    if not baseline:
+        out += _saving(summary, already_said=bool(out))
+        out += _peak_without_activations(summary)
+    return out + _over_budget(summary) + _memory_growth(summary)
+
+
+def _finding(code: str, detail: str) -> Finding:
+    return Finding(code=code, message=detail)
+
+
+def _offload_on_cpu(spec: ExperimentSpec, summary: RunSummary, strategy: Strategy) -> list[Finding]:
+    if strategy.mechanism == Mechanism.SAVE_ON_CPU and (summary.device or "").startswith("cpu"):
+        message = f"{FINDING_CODES['offload_on_cpu']}; measure {strategy.name} on a CUDA device"
+        return [_finding("offload_on_cpu", message)]
+    return []
+
+
+def _wraps_no_block(spec: ExperimentSpec, strategy: Strategy) -> list[Finding]:
+    ck = spec.checkpoint
+    if strategy.groups(spec.model.depth, ck):
+        return []
+    advice = "; use 2 or more segments" if "segments" in strategy.fields else ""
+    label = strategy.label_for(ck.model_dump())
+    return [_finding("sequential_equals_none", f"{label}: {FINDING_CODES['sequential_equals_none']}{advice}")]
+
+
+def _saving(summary: RunSummary, *, already_said: bool) -> list[Finding]:
+    """The tensors the blocks keep against the same without checkpointing; the RNG states
+    each checkpoint adds are a cost of their own, said apart. "Saves nothing" only when no
+    finding above already said why."""
+    act, ref = summary.activation_bytes, summary.reference_activation_bytes
+    if act is None or not ref:
+        return []
+    rng = summary.rng_state_bytes or 0
+    act -= rng
+    plus_rng = f", plus {format_bytes(rng)} of RNG states (preserve_rng_state)" if rng else ""
+    margin = max(SAVING_THRESHOLD * ref, SAVING_FLOOR_BYTES)
+    sizes = f"({format_bytes(act)}{plus_rng}, against {format_bytes(ref)})"
+    if act > ref + margin:
+        return [
+            _finding(
+                "checkpointing_keeps_more",
+                f"{FINDING_CODES['checkpointing_keeps_more']} {sizes}: what it saves is larger than what the "
+                "blocks would keep (e.g. save_matmuls on Linear layers); choose another policy or strategy",
+            )
+        ]
+    if act >= ref - margin and not already_said:
+        return [
+            _finding(
+                "checkpointing_saves_nothing",
+                f"{FINDING_CODES['checkpointing_saves_nothing']} {sizes}: each checkpointed block keeps as much "
+                "as its input (e.g. Linear -> ReLU); checkpoint larger segments",
+            )
+        ]
+    return []
+
+
+def _peak_without_activations(summary: RunSummary) -> list[Finding]:
+    peak, at_peak = summary.peak_allocated_bytes, summary.activation_bytes_at_peak
+    if peak and at_peak is not None and at_peak <= SAVING_THRESHOLD * peak:
+        phase = _PHASE_WORDS.get(summary.peak_phase or "", "its phase")
+        return [
+            _finding("peak_not_in_activations", f"{FINDING_CODES['peak_not_in_activations']} (the peak is in {phase})")
+        ]
+    return []
+
+
+def _over_budget(summary: RunSummary) -> list[Finding]:
+    budget, peak = summary.budget_bytes, summary.peak_allocated_bytes
+    if not (budget and peak and peak > budget):
+        return []
+    return [
+        _finding(
+            "over_budget",
+            f"{FINDING_CODES['over_budget']} ({format_bytes(peak)} against {format_bytes(budget)}, predicted "
+            f"{format_bytes(summary.predicted_peak_bytes)}): the planner's memory model missed something here; "
+            "lower the budget by the difference",
+        )
+    ]
+
+
+def _memory_growth(summary: RunSummary) -> list[Finding]:
+    growth = summary.memory_growth_bytes_per_step
+    if not growth:
+        return []
+    steps = summary.memory_steps_run if summary.memory_steps_run is not None else "?"
+    return [
+        _finding(
+            "memory_grows_per_step",
+            f"{FINDING_CODES['memory_grows_per_step']} (+{format_bytes(growth)} per step over {steps} steps): "
+            "most likely a loss or output kept across steps as a tensor (`total_loss += loss` keeps each "
+            "step's autograd graph alive; accumulate `loss.item()` or `loss.detach()`, and do not keep "
+            "outputs in a list)",
+        )
+    ]

@@ -1,0 +1,1 @@
+"""Strategy ``auto``'s planning: a chain of profiled blocks and the search over its splits."""

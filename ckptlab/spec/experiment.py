@@ -1,0 +1,263 @@
+"""The experiment spec: the one definition of what a checkpointing experiment is.
+
+Both processes import this module: the backend validates requests with it and the worker
+builds the run from it. It never imports torch.
+
+Example: :data:`ckptlab.spec.presets.EXAMPLE_SPEC` (the API's example request).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, Field, StrictBool, model_validator
+
+from ckptlab.spec import model_kinds as _builtin_kinds  # noqa: F401  (registers the built-in kinds)
+from ckptlab.spec.base import SpecInt, _field_error, _Strict
+from ckptlab.spec.hf_model import HFModelSpec
+from ckptlab.spec.kinds import default_model, model_kind_names, model_spec_type
+from ckptlab.spec.models import (
+    MODEL_ENTRY_POINT_GROUP,
+    CustomModelSpec,
+    DenseNetSpec,
+    MLPSpec,
+    PythonModelSpec,
+    ResNetSpec,
+    TransformerSpec,
+    installed_model_names,
+)
+from ckptlab.spec.torchvision_model import TorchvisionModelSpec
+from ckptlab.strategies import BASELINE, SelectivePolicy, get_strategy, strategy_names
+
+__all__ = [
+    "MLPSpec",
+    "ResNetSpec",
+    "TransformerSpec",
+    "DenseNetSpec",
+    "CustomModelSpec",
+    "PythonModelSpec",
+    "HFModelSpec",
+    "TorchvisionModelSpec",
+    "ModelSpec",
+    "CheckpointSpec",
+    "ExperimentSpec",
+    "StrategyName",
+    "MODEL_KINDS",
+    "MODEL_ENTRY_POINT_GROUP",
+    "installed_model_names",
+    "find_unstorable",
+]
+
+#: Largest ``memory_limit_bytes`` a spec may give: 1 PiB, above any device or host.
+MAX_MEMORY_LIMIT_BYTES = 2**50
+#: The kinds registered when this module was imported (the built-ins), by rank. Kept for
+#: older callers; the live list is :func:`ckptlab.spec.kinds.model_kind_names`.
+MODEL_KINDS: tuple[str, ...] = tuple(model_kind_names())
+#: ``ExperimentSpec.model``: a model of any kind in the model-kind table (:mod:`ckptlab.spec.kinds`).
+ModelSpec = model_spec_type()
+
+
+def _known_strategy(name: str) -> str:
+    get_strategy(name)  # ValueError naming the known ones
+    return name
+
+
+def _strategy_enum(schema: dict[str, Any]) -> None:
+    # Read at schema time, so a strategy registered after import is in the schema too.
+    schema["enum"] = strategy_names()
+
+
+#: ``checkpoint.strategy``: a name in the strategy table (:mod:`ckptlab.strategies`), checked
+#: against the table as it is when a spec is validated.
+StrategyName = Annotated[str, AfterValidator(_known_strategy), Field(json_schema_extra=_strategy_enum)]
+
+
+class CheckpointSpec(_Strict):
+    """How the block list is checkpointed.
+
+    Args:
+        strategy: a name in :data:`ckptlab.strategies.STRATEGIES`. The built-ins: ``none``
+            keeps every activation; ``sequential`` splits the blocks as
+            ``torch.utils.checkpoint.checkpoint_sequential`` does (``len // segments``
+            blocks per segment, the last segment not checkpointed); ``per_block``
+            checkpoints every group of ``every`` blocks (Megatron's "uniform");
+            ``selective`` checkpoints every group of ``every`` blocks with
+            ``create_selective_checkpoint_contexts(policy)``; ``offload`` keeps every
+            activation but moves it to host memory (``torch.autograd.graph.save_on_cpu``).
+        segments: segments for ``sequential`` (1 to ``model.depth``; default 1). PyTorch
+            never checkpoints the last segment, so ``segments=1`` saves nothing.
+        every: blocks per checkpointed group for ``per_block`` and ``selective`` (default 1).
+        policy: for ``selective``: ``save_matmuls`` (save matmul outputs, recompute the
+            rest, Korthikanti et al. 2022), ``save_matmuls_and_attention`` (also save the
+            attention output), ``recompute_all``.
+        use_reentrant: passed to PyTorch (default False). ``True`` is the legacy variant:
+            no gradients when no input requires grad; cannot run ``selective``.
+        preserve_rng_state: restore the RNG state before recomputation so dropout masks
+            match the first forward. Default: True.
+        budget_bytes: for ``auto``: the memory budget (peak allocated bytes) to plan for;
+            the engine profiles the blocks and checkpoints the least it can
+            (``ckptlab.worker.engine.autoplan``). Required by ``auto``.
+        activation_memory_budget: for ``compile_budget``: the fraction (0 to 1) of the
+            activation memory ``torch.compile``'s min-cut partitioner may save
+            (``torch._functorch.config.activation_memory_budget``; 1.0: save what the
+            default partitioner saves, 0.0: recompute everything it can). Default 0.5.
+    """
+
+    strategy: StrategyName = BASELINE
+    segments: SpecInt = Field(1, ge=1, description="segments for strategy 'sequential'")
+    every: SpecInt = Field(1, ge=1, description="blocks per checkpointed group for 'per_block' and 'selective'")
+    policy: Annotated[SelectivePolicy, Field(strict=False)] = SelectivePolicy.SAVE_MATMULS
+    use_reentrant: StrictBool = False
+    preserve_rng_state: StrictBool = True
+    budget_bytes: SpecInt | None = Field(
+        None, ge=1, le=MAX_MEMORY_LIMIT_BYTES, description="memory budget (bytes) of strategy 'auto'"
+    )
+    activation_memory_budget: float = Field(
+        0.5, ge=0.0, le=1.0, description="fraction of activation memory torch.compile may save ('compile_budget')"
+    )
+
+
+class ExperimentSpec(_Strict):
+    """One checkpointing experiment: a model, a checkpointing setting, and a short training run.
+
+    Args:
+        model: the model to train: ``kind`` names an entry of the model-kind table
+            (:mod:`ckptlab.spec.kinds`; the built-ins in :mod:`ckptlab.spec.model_kinds`), the
+            default kind when left out; the other fields are that kind's spec class's.
+        batch_size: samples per micro-batch (default 64).
+        steps: optimizer steps of the memory pass, warm-up included (default 5); with
+            ``memory_early_stop`` fewer run when memory is flat.
+        warmup_steps: first steps left out of the memory medians (default 1; must be < steps).
+        timed_steps: optimizer steps of the timing pass that follows the ``steps`` memory
+            steps (default 20; 0: take the timings from the memory steps). On CPU the
+            timing pass runs with the live-tensor tracker off, so the tracker's per-op cost
+            is not in the step times; on CUDA the allocator statistics cost nothing and the
+            timed steps keep their memory readings. The step times' median, interquartile
+            range and bootstrap 95% interval come from these steps.
+        paired_timing: time each step of the timing pass in a round with an
+            un-checkpointed copy of the model in the same process (same weights, its own
+            optimizer), alternating which goes first, and judge the overhead on the
+            per-round ratios: a load burst on a shared host hits both sides of a round
+            alike (issue 19). Doubles the timing pass; ignored by ``none`` and compiled
+            runs; skipped, saying why, when the copy does not fit in memory. Default True.
+        memory_early_stop: end the memory pass after two consecutive steps past the
+            warm-up whose memory readings are byte-identical (live, peak, per phase and
+            per category): once the optimizer state exists every further step reads the
+            same (default True). A memory that grows per step runs all ``steps`` and is
+            reported (finding ``memory_grows_per_step``). The timing pass always runs its
+            full ``timed_steps``. False: run every memory step.
+        grad_accum_steps: micro-batches per optimizer step; the loss is divided by it
+            (default 1). Memory is that of one micro-batch.
+        checkpoint: the checkpointing setting (see :class:`CheckpointSpec`).
+        amp: ``off``, ``fp16`` (autocast + ``torch.amp.GradScaler``) or ``bf16`` (autocast).
+        optimizer: ``sgd``, ``adam`` or ``adamw`` (default adam).
+        device: ``auto`` (CUDA when available, else CPU), ``cpu`` or ``cuda``.
+        seed: seeds the weights, the synthetic data and dropout.
+        memory_limit_bytes: cap on allocated bytes (CUDA: ``set_per_process_memory_fraction``;
+            CPU: the tracker raises out-of-memory past it). Default: no cap; at most
+            :data:`MAX_MEMORY_LIMIT_BYTES` (1 PiB).
+        verify_gradients: also run the first step without checkpointing from the same
+            weights, data and RNG seed and record the gradient difference (default True).
+        memory_snapshot: on CUDA, record ``torch.cuda.memory._record_memory_history`` and
+            keep a snapshot for pytorch.org/memory_viz (default False).
+        timeout_s: kill the run after this many seconds (default: the worker's setting).
+
+    Raises:
+        pydantic.ValidationError: on unknown fields, values out of range, or combinations
+            that cannot run (located at the field to fix).
+    """
+
+    model: ModelSpec = Field(default_factory=default_model)
+    batch_size: SpecInt = Field(64, ge=1, le=65536)
+    steps: SpecInt = Field(5, ge=1, le=100_000)
+    warmup_steps: SpecInt = Field(1, ge=0)
+    timed_steps: SpecInt = Field(20, ge=0, le=100_000)
+    memory_early_stop: bool = True
+    paired_timing: StrictBool = True
+    grad_accum_steps: SpecInt = Field(1, ge=1, le=1024)
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    amp: Literal["off", "fp16", "bf16"] = "off"
+    optimizer: Literal["sgd", "adam", "adamw"] = "adam"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    seed: SpecInt = Field(0, ge=0, le=2**53 - 1)
+    memory_limit_bytes: SpecInt | None = Field(None, ge=1, le=MAX_MEMORY_LIMIT_BYTES)
+    verify_gradients: StrictBool = True
+    memory_snapshot: StrictBool = False
+    timeout_s: float | None = Field(None, gt=0, le=7 * 24 * 3600)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _text_and_numbers(cls, data: Any) -> Any:
+        # Every string must be encodable as UTF-8 (a lone surrogate such as "\ud800" is not:
+        # stored, it would break every read) and every number finite (JSON has no NaN).
+        bad = find_unstorable(data)
+        if bad is not None:
+            loc, value, message = bad
+            raise _field_error(loc, repr(value), message)
+        return data
+
+    @model_validator(mode="after")
+    def _cross_field_checks(self) -> ExperimentSpec:
+        if self.warmup_steps >= self.steps:
+            raise _field_error(
+                ("warmup_steps",),
+                self.warmup_steps,
+                f"warmup_steps ({self.warmup_steps}) must be less than steps ({self.steps})",
+            )
+        ck = self.checkpoint
+        strategy = get_strategy(ck.strategy)
+        for name in ("segments", "every"):
+            value = getattr(ck, name)
+            if name in strategy.fields and value > self.model.depth:
+                raise _field_error(
+                    ("checkpoint", name),
+                    value,
+                    f"{name} ({value}) must not exceed model.depth ({self.model.depth})",
+                )
+        model = self.model
+        if isinstance(model, HFModelSpec) and model.arch.attention and ck.use_reentrant and strategy.recomputes:
+            raise _field_error(
+                ("checkpoint", "use_reentrant"),
+                ck.use_reentrant,
+                f"hf {model.architecture} layers take keyword tensor arguments (attention masks, position "
+                "embeddings), which reentrant checkpoint cannot take (torch.utils.checkpoint); use use_reentrant false",
+            )
+        if strategy.planned and ck.budget_bytes is None:
+            raise _field_error(
+                ("checkpoint", "budget_bytes"), None, f"strategy {ck.strategy!r} needs budget_bytes (the memory budget)"
+            )
+        if strategy.needs_non_reentrant and ck.use_reentrant:
+            raise _field_error(
+                ("checkpoint", "use_reentrant"),
+                ck.use_reentrant,
+                f"strategy {ck.strategy!r} needs use_reentrant false "
+                "(PyTorch: context_fn requires use_reentrant=False)",
+            )
+        return self
+
+
+def find_unstorable(value: Any, loc: tuple[str | int, ...] = ()) -> tuple[tuple, Any, str] | None:
+    """The first string that is not encodable as UTF-8 (a lone surrogate) or number that is
+    not finite in a JSON-like ``value``, as ``(loc, value, message)``; None when all is
+    storable. Keys are checked too. (OWASP input validation: reject, do not repair.)"""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return loc, value, "text must be valid UTF-8 (it holds a lone surrogate)"
+        return None
+    if isinstance(value, float) and not math.isfinite(value):
+        return loc, value, "numbers must be finite (NaN and Infinity are not JSON)"
+    if isinstance(value, dict):
+        for k, v in value.items():
+            found = find_unstorable(k, (*loc, "[key]")) if isinstance(k, str) else None
+            found = found or find_unstorable(v, (*loc, k))
+            if found:
+                return found
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            found = find_unstorable(v, (*loc, i))
+            if found:
+                return found
+    return None

@@ -1,0 +1,1 @@
+"""Running an experiment: the engine, a run's passes, the training step, strategies, gradient check."""

@@ -1,0 +1,310 @@
+"""Strategy ``auto``: profile the model's blocks once, then plan which to checkpoint for
+``checkpoint.budget_bytes`` with :func:`ckptlab.planning.planner.plan_chain`.
+
+The profile is one un-checkpointed training step of a copy of the model (same weights,
+same first batch), measured with the run's own instruments (the exact live-tensor tracker
+on CPU, the allocator on CUDA):
+
+- per block (:class:`ckptlab.worker.engine.block_profile.BlockRecorder`): bytes alive after its forward
+  minus before (``retained``), its forward's temporaries, its backward's, its input and
+  output bytes, whether its output is already freed when its gradient arrives, its
+  forward time (ms) and its parameters' gradient bytes;
+- the fixed memory: what is alive when the forward starts (parameters, buffers, the
+  batch), the optimizer state after the step, the stem's activations and the blocks'
+  other arguments that a checkpoint keeps to its backward;
+- what the part after the blocks leaves alive while the blocks run backward, and the peak
+  of the backward after theirs (the stem's);
+- the forward-and-backward peak, from which the planner's ``head_bytes`` is calibrated,
+  and the optimizer step's own peak.
+
+Every term of the prediction is one of these readings (:func:`_memory_model`); there is no
+margin. On CPU the prediction equals the measured peak of every plan tried on the built-in
+MLP, transformer and ResNet generator and on the Hugging Face Llama, GPT-2, ResNet, ViT and
+ConvNeXt examples (issue 21), or lies above it by up to 1.3% (a DenseNet, the ResNet
+generator with its last block checkpointed: the recomputation is counted whole, though
+PyTorch stops it after the last saved tensor).
+
+Before anything runs, a budget below parameters + gradients + optimizer state (computed
+from the parameters and the optimizer, no step needed) fails at once with the reason.
+
+Example usage (what the engine does)::
+
+    plan = plan_for_budget(spec, dev, build)
+    apply_strategy(blocks, spec.checkpoint, device=dev, ranges=plan.ranges)
+
+Known limitations:
+    - The profile step runs without checkpointing: on a device where the un-checkpointed
+      step does not fit, ``auto`` cannot profile (Rotor profiles block by block instead).
+    - The blocks must form a chain that the model's own forward runs once each, in order
+      (the engine's contract for every kind).
+    - On CUDA the allocator rounds allocations up (512 B blocks) and keeps workspaces; the
+      profile sees them as the run will, but cuBLAS workspaces created after the profile
+      step are not in the calibration. The margin-free prediction has been checked on
+      CPU only.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+
+from ckptlab.analysis.explain import format_bytes
+from ckptlab.planning.planner import BlockProfile, ChainPlan, NoPlanFits, Segment, plan_chain, smallest_peak_plan
+from ckptlab.spec.experiment import ExperimentSpec
+from ckptlab.strategies import BASELINE
+from ckptlab.worker.engine.block_profile import BlockRecorder, profile_record
+from ckptlab.worker.engine.training import autocast_for, build_checkpointed, make_optimizer
+from ckptlab.worker.errors import RunError
+from ckptlab.worker.measure.meter import Meter, optimizer_tensors, storage_bytes
+from ckptlab.worker.models.base import Built
+
+__all__ = ["BudgetPlan", "plan_for_budget", "fixed_bytes_before_running"]
+
+#: Bytes of Adam's per-parameter state per gradient byte (``exp_avg``, ``exp_avg_sq``).
+_STATE_PER_GRAD_BYTE = {"adam": 2, "adamw": 2, "sgd": 0}
+
+
+@dataclass
+class BudgetPlan:
+    """The plan ``auto`` runs and what it was made from.
+
+    Attributes:
+        plan: the planner's answer (segments, checkpointed blocks, recomputation ms,
+            predicted peak bytes).
+        budget_bytes: the budget asked for.
+        blocks: the block profiles the plan was made from.
+        fixed_bytes: parameters + optimizer state + gradients outside the blocks (bytes).
+        calibration_bytes: the planner's ``head_bytes``: what the part after the blocks
+            holds at the end of forward, calibrated on the profile step.
+        optimizer_peak_bytes: the optimizer step's own peak (bytes; no plan changes it).
+        profile_ms: wall time of profiling and planning, ms.
+    """
+
+    plan: ChainPlan
+    budget_bytes: int
+    blocks: list[BlockProfile] = field(default_factory=list)
+    fixed_bytes: int = 0
+    calibration_bytes: int = 0
+    optimizer_peak_bytes: int = 0
+    profile_ms: float = 0.0
+
+    @property
+    def ranges(self) -> list[tuple[int, int]]:
+        """Half-open block ranges of the checkpointed segments (``apply_strategy``'s ``ranges``)."""
+        return [(s.start, s.end) for s in self.plan.segments if s.checkpointed]
+
+    def summary(self) -> dict[str, Any]:
+        """The run summary's ``plan`` field."""
+        return {
+            "segments": [[s.start, s.end, s.checkpointed] for s in self.plan.segments],
+            "checkpointed_blocks": list(self.plan.checkpointed_blocks),
+            "recompute_ms": self.plan.recompute_ms,
+            "fixed_bytes": self.fixed_bytes,
+            "calibration_bytes": self.calibration_bytes,
+            "optimizer_peak_bytes": self.optimizer_peak_bytes,
+            "profile_ms": self.profile_ms,
+            "blocks": [profile_record(b) for b in self.blocks],
+        }
+
+
+def fixed_bytes_before_running(spec: ExperimentSpec, module: torch.nn.Module) -> tuple[int, str]:
+    """Parameters + buffers + gradients + optimizer state of ``module`` under ``spec``'s
+    optimizer (bytes), counted from the tensors without running a step, and a sentence
+    naming the parts. Adam/AdamW keep two tensors the size of each gradient
+    (``exp_avg``, ``exp_avg_sq``; torch.optim.Adam docs); SGD without momentum none."""
+    params = storage_bytes(iter([*module.parameters(), *module.buffers()]))
+    grads = storage_bytes(p for p in module.parameters() if p.requires_grad)
+    state = _STATE_PER_GRAD_BYTE[spec.optimizer] * grads
+    words = f"parameters {format_bytes(params)} + gradients {format_bytes(grads)}"
+    if state:
+        words += f" + {spec.optimizer} state {format_bytes(state)}"
+    return params + grads + state, words
+
+
+def plan_for_budget(spec: ExperimentSpec, dev: torch.device, build: Callable[[], Built] | None) -> BudgetPlan:
+    """Profile a copy of the model and plan for ``spec.checkpoint.budget_bytes``.
+
+    Raises:
+        RunError: no plan fits: the budget is below the fixed memory (found before any
+            step runs), or below the smallest reachable peak, or below the optimizer
+            step's own peak; the message gives the smallest reachable peak and why.
+    """
+    t0 = time.perf_counter()
+    budget = spec.checkpoint.budget_bytes
+    assert budget is not None  # the spec requires it for a planned strategy
+    baseline = spec.checkpoint.model_copy(update={"strategy": BASELINE})
+    unplanned = spec.model_copy(update={"checkpoint": baseline})
+    torch.manual_seed(spec.seed)
+    meter = Meter(dev, None)
+    with meter.mode():
+        built = build_checkpointed(unplanned, dev, build=build)
+        fixed, words = fixed_bytes_before_running(spec, built.module)
+        if fixed >= budget:
+            raise RunError(
+                f"no plan fits a budget of {format_bytes(budget)}: {words} alone are {format_bytes(fixed)}, "
+                "before any activation; checkpointing cannot help: use a smaller model, an optimizer with "
+                "less state (sgd) or a larger budget",
+                details={"budget_bytes": budget, "fixed_bytes": fixed},
+            )
+        step = _profile_step(spec, dev, meter, built)
+    state = storage_bytes(optimizer_tensors(step.optimizer))
+    # What each checkpoint's RNG state adds where the meter counts it (issue 19: the CPU
+    # tracker counts torch.get_rng_state()'s tensors; CUDA's allocator never holds them).
+    rng_bytes = torch.get_rng_state().nbytes if meter.exact and spec.checkpoint.preserve_rng_state else 0
+    profiles, model, tail_peak = _memory_model(spec, step, state, rng_bytes)
+    fixed = model["fixed_bytes"]
+    opt_peak = step.optimizer_peak_bytes
+    # No plan goes under the optimizer step's peak or the tail's (the stem's backward, after
+    # the blocks'): both are measured, the same under every plan.
+    floor = max(opt_peak, tail_peak)
+    try:
+        if floor > budget:
+            raise NoPlanFits(plan_chain(profiles, budget_bytes=10**18, **model), fixed_bytes=fixed, budget_bytes=budget)
+        # Without checkpointing the run is the profile step itself (plus the optimizer
+        # state): that peak is measured, not modelled.
+        unplanned = step.peak_bytes + state
+        if spec.grad_accum_steps == 1 and max(unplanned, floor) <= budget:
+            everything = (Segment(0, len(profiles), False),)
+            plan = ChainPlan(everything, (), 0.0, max(unplanned, floor))
+        else:
+            plan = plan_chain(profiles, budget_bytes=budget, **model)
+    except NoPlanFits as exc:
+        smallest = max(smallest_peak_plan(profiles, **model).predicted_peak_bytes, floor)
+        if opt_peak >= smallest:
+            why = f"the optimizer step alone peaks at {format_bytes(opt_peak)}"
+        elif tail_peak >= smallest:
+            why = f"the backward of the part before the blocks alone peaks at {format_bytes(tail_peak)}"
+        else:
+            why = f"checkpointing every block still keeps {format_bytes(smallest - fixed)} above the fixed memory"
+        raise RunError(
+            f"no plan fits a budget of {format_bytes(budget)}: the smallest reachable peak is "
+            f"{format_bytes(smallest)} ({why}; fixed memory {format_bytes(fixed)}): lower the batch size "
+            "or the sequence length, or raise the budget",
+            details={"budget_bytes": budget, "fixed_bytes": fixed, "smallest_reachable_peak_bytes": smallest},
+        ) from exc
+    if floor > plan.predicted_peak_bytes:
+        plan = ChainPlan(plan.segments, plan.checkpointed_blocks, plan.recompute_ms, floor)
+    return BudgetPlan(
+        plan=plan,
+        budget_bytes=budget,
+        blocks=profiles,
+        fixed_bytes=fixed,
+        calibration_bytes=model["head_bytes"],
+        optimizer_peak_bytes=opt_peak,
+        profile_ms=(time.perf_counter() - t0) * 1e3,
+    )
+
+
+def _memory_model(
+    spec: ExperimentSpec, step: _ProfileStep, state: int, rng_state_bytes: int = 0
+) -> tuple[list[BlockProfile], dict[str, int], int]:
+    """The planner's memory model from the profile step (bytes; ``state``: the optimizer
+    state, which the profile step did not have while it ran): the block profiles, the
+    keyword arguments of :func:`ckptlab.planning.planner.plan_chain` and the tail's peak (the
+    backward after the blocks', 0 without one: a floor no plan changes). Every term is a
+    reading of the profile step; nothing is a margin:
+
+    - ``fixed_bytes``: alive throughout: what was alive when the forward started
+      (parameters, the batch), the optimizer state, the stem's activations, and the blocks'
+      other arguments that the un-checkpointed step frees after forward, which a checkpoint
+      keeps to its backward (1 KiB of the tiny Llama's, under-predicted without);
+    - ``head_bytes``: at the end of forward the part after the blocks holds the rest of the
+      un-checkpointed peak (calibrated so that the model predicts the profile step's own peak);
+    - ``backward_bytes``: what the part after the blocks leaves alive while the blocks run
+      backward (its parameters' gradients, the output and loss the caller holds): live bytes
+      when the gradient of the last block's output arrives, less the fixed bytes, every
+      block's kept bytes and that gradient;
+    - ``checkpoint_bytes``: ``rng_state_bytes``, the RNG state each checkpoint keeps with
+      ``preserve_rng_state`` where the meter counts it (the CPU tracker; a CUDA run's
+      states are host memory, outside the device allocator's figures). (Counting every gradient outside the blocks
+      instead, the stem's included, which only exist once the blocks' backward is over,
+      over-predicted the MLP 16x256 by 237 KiB, 1.2%: issue 21.)
+
+    With gradient accumulation the profile step records its second micro-batch, which runs
+    with every gradient alive (in ``start_bytes``; the blocks add none) and holds each new
+    gradient until it is added in place (in ``backward_bytes``): the later micro-batches
+    are the ones that peak.
+    """
+    profiles = step.blocks
+    kept = sum(b.retained_bytes for b in profiles)
+    head = max(step.peak_bytes - step.start_bytes - step.stem_bytes - kept, 0)
+    fixed = step.start_bytes + state + step.stem_bytes + step.side_freed_bytes
+    if step.blocks_backward_live is None:  # no block output needed a gradient: nothing to count
+        after_blocks = 0
+    else:
+        last = profiles[-1]  # its kept bytes less what the head's backward freed, and its output's gradient
+        alive = step.start_bytes + step.stem_bytes + kept - last.released_bytes + last.out_bytes
+        after_blocks = step.blocks_backward_live - alive
+    tail = step.tail_top + state if step.tail_top is not None else 0
+    if spec.grad_accum_steps > 1:  # profiled in a later micro-batch: every gradient is in start_bytes
+        profiles = [replace(b, param_bytes=0) for b in profiles]
+    model = {
+        "fixed_bytes": fixed,
+        "head_bytes": head,
+        "backward_bytes": max(after_blocks, 0),
+        "checkpoint_bytes": rng_state_bytes,
+    }
+    return profiles, model, tail
+
+
+@dataclass
+class _ProfileStep:
+    blocks: list[BlockProfile]
+    start_bytes: int  # live when the forward started: parameters, the batch
+    stem_bytes: int  # added between the forward's start and the first block
+    peak_bytes: int  # the forward-and-backward peak
+    optimizer_peak_bytes: int
+    optimizer: torch.optim.Optimizer
+    blocks_backward_live: int | None = None  # live when the last block's output gradient arrived
+    tail_top: int | None = None  # the most live bytes after the blocks' backward, if any
+    side_freed_bytes: int = 0  # the blocks' other arguments, freed by the end of forward
+
+
+def _profile_step(spec: ExperimentSpec, dev: torch.device, meter: Meter, built: Built) -> _ProfileStep:
+    """One un-checkpointed step with every block recorded
+    (:class:`ckptlab.worker.engine.block_profile.BlockRecorder`)."""
+    probe = meter.probe
+    opt = make_optimizer(spec, list(built.module.parameters()))
+    autocast = autocast_for(spec, dev)
+    x, y = built.make_batch(spec.batch_size, torch.Generator().manual_seed(spec.seed))
+    x, y = x.to(dev), y.to(dev)
+    if spec.grad_accum_steps > 1:  # the micro-batches after the first run with every gradient alive: record one
+        with autocast():
+            out = built.module(x)
+        (built.loss_fn(out, y) / spec.grad_accum_steps).backward()
+        del out
+    meter.sync()
+    probe.reset_peak()
+    start = probe.live_bytes
+    with BlockRecorder(built.blocks, meter, tail=True) as recorder:
+        with autocast():
+            out = built.module(x)
+        loss = built.loss_fn(out, y) / spec.grad_accum_steps
+        recorder.stop_forward()
+        loss.backward()
+        meter.sync()
+        fb_peak = max(probe.peak_bytes, recorder.peak_before_tail or 0)
+        recorder.finish_backward(fb_peak)
+    del out, loss, x, y
+    probe.reset_peak()
+    opt.step()
+    meter.sync()
+    opt_peak = probe.peak_bytes
+    opt.zero_grad(set_to_none=True)
+    blocks = recorder.profiles()
+    stem = (recorder.first_live if recorder.first_live is not None else start) - start
+    return _ProfileStep(
+        blocks,
+        start,
+        stem,
+        fb_peak,
+        opt_peak,
+        opt,
+        recorder.blocks_backward_live,
+        recorder.tail_top,
+        recorder.side_freed_bytes,
+    )

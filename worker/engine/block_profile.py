@@ -1,0 +1,257 @@
+"""What each block of a chain costs, read while a step runs: forward hooks before and after
+every block, and tensor hooks on each block's output and input for its backward.
+
+Per block (bytes from the run's own instruments: the exact live-tensor tracker on CPU, the
+allocator on CUDA; times from ``time.perf_counter``):
+
+- ``retained_bytes``: alive after its forward minus before (its output included);
+- ``forward_bytes``: the most its forward held above that end (temporaries; CPU only);
+- ``backward_bytes``: the most its backward held above what was alive when the gradient of
+  its output arrived (CPU: the tracker's window; CUDA: the live bytes at its end);
+- ``released_bytes``: its output's bytes when that output is already freed as the gradient
+  of the output arrives (only the next block or the head saved it), else 0;
+- ``input_bytes``, ``output_bytes``, ``param_bytes`` (its parameters' gradients) and
+  ``forward_ms``.
+
+Example usage::
+
+    with BlockRecorder(built.blocks, meter) as recorder:
+        loss = built.loss_fn(built.module(x), y)
+        recorder.stop_forward()
+        loss.backward()
+    profiles = recorder.profiles()
+
+Known limitations:
+    - A block whose input needs no gradient (the first block without a stem) has no end
+      of backward to observe; :meth:`BlockRecorder.finish_backward` takes the window up to
+      the end of ``backward()`` instead.
+    - The hooks see blocks as the model's forward calls them: a block run twice, or not at
+      all, is an error (:meth:`BlockRecorder.profiles`).
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from dataclasses import replace
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_leaves
+
+from ckptlab.planning.chain import BlockProfile
+from ckptlab.worker.engine.strategies import first_tensor
+from ckptlab.worker.errors import RunError
+from ckptlab.worker.measure.meter import Meter, storage_bytes
+
+__all__ = ["BlockRecorder", "profile_record", "tensor_bytes"]
+
+
+def tensor_bytes(value: Any) -> int:
+    """Storage bytes of a tensor (0 for anything else)."""
+    return value.untyped_storage().nbytes() if isinstance(value, torch.Tensor) else 0
+
+
+class BlockRecorder:
+    """Records a :class:`ckptlab.planning.chain.BlockProfile` per block of ``blocks`` over one step.
+
+    Args:
+        blocks: the chain's blocks.
+        meter: the run's instruments.
+        tail: read the tail (:attr:`tail_live`, :attr:`tail_top`; default False). On CUDA
+            that resets the allocator's peak mid-backward: only for a step whose peak the
+            caller reads as ``max(peak_before_tail, peak)`` (the planner's profile step).
+
+    Attributes:
+        first_live: live bytes when the first block started (the stem's end), or None.
+        blocks_backward_live: live bytes when the gradient of the last block's output
+            arrived (the blocks' backward starts), or None.
+        tail_live: live bytes when the gradient of the first block's input was ready (the
+            blocks' backward is over; the rest of backward, the stem's, is the "tail"), or
+            None when that input needs no gradient (no tail) or ``tail`` is False.
+        tail_top: the most live bytes in the tail, or None (see :meth:`finish_backward`).
+        peak_before_tail: CUDA: the step's peak up to the tail (the allocator's peak is
+            reset there, to read the tail's own; the caller takes the larger), else None.
+        side_freed_bytes: bytes of the blocks' other tensor arguments (masks, position
+            embeddings: what the model passes every layer besides the hidden states) that
+            are freed by the end of forward (:meth:`stop_forward`): a checkpoint keeps its
+            arguments until its backward, an un-checkpointed block only what it saved.
+    """
+
+    def __init__(self, blocks: nn.Sequential | nn.ModuleList, meter: Meter, tail: bool = False):
+        self.blocks, self.meter, self.probe, self.tail = blocks, meter, meter.probe, tail
+        self.windowed = hasattr(self.probe, "reset_window")
+        self.first_live: int | None = None
+        self.blocks_backward_live: int | None = None
+        self.tail_live: int | None = None
+        self.tail_top: int | None = None
+        self.peak_before_tail: int | None = None
+        self._seen: dict[int, tuple[int, float, int]] = {}
+        self._profiles: list[BlockProfile | None] = [None] * len(blocks)
+        self._backward_start: dict[int, int] = {}
+        self._backward_extra: dict[int, int] = {}
+        self._hooks: list[Any] = []
+        # The previous block's output (weakly: the recorder must not keep it alive), and the
+        # blocks whose input is that very tensor: their backward ends where the previous
+        # block's begins, in the one hook the tensor already has (see _output_grad).
+        self._last_output: tuple[int, weakref.ref] | None = None
+        self._chained: set[int] = set()
+        # Each block's output storage (weakly), to see whether it is freed when the gradient
+        # of the output arrives (the storage's Python object lives as long as the storage).
+        self._out_storage: dict[int, weakref.ref] = {}
+        self._released: dict[int, int] = {}
+        self._in_storage: set[int] = set()  # the running block's input storage
+        self._side: dict[int, tuple[weakref.ref, int]] = {}  # the blocks' other tensor arguments
+        self.side_freed_bytes = 0
+
+    def __enter__(self) -> BlockRecorder:
+        for i, block in enumerate(self.blocks):
+            self._hooks.append(block.register_forward_pre_hook(self._pre(i), with_kwargs=True))
+            self._hooks.append(block.register_forward_hook(self._post(i)))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop_forward()
+
+    def stop_forward(self) -> None:
+        """Remove the forward hooks (the tensor hooks of backward stay on their tensors);
+        the first call reads :attr:`side_freed_bytes`."""
+        if self._hooks:
+            self.side_freed_bytes = sum(n for ref, n in self._side.values() if ref() is None)
+            self._side.clear()
+        for h in self._hooks:
+            h.remove()
+        self._hooks.clear()
+
+    def _window_top(self) -> int:
+        return self.probe.window_peak_bytes if self.windowed else self.probe.live_bytes
+
+    def _pre(self, i: int):
+        def hook(module, args, kwargs):
+            self.meter.sync()
+            hidden = args[0] if args else next(iter(kwargs.values()), None)
+            if i == 0:
+                self.first_live = self.probe.live_bytes
+            self._seen[i] = (self.probe.live_bytes, time.perf_counter(), tensor_bytes(hidden))
+            self._in_storage = {hidden.untyped_storage()._cdata} if isinstance(hidden, torch.Tensor) else set()
+            if self.windowed:
+                self.probe.reset_window()
+            if isinstance(hidden, torch.Tensor) and hidden.requires_grad:
+                last = self._last_output
+                if last is not None and last[0] == i - 1 and last[1]() is hidden:
+                    self._chained.add(i)
+                else:
+                    hidden.register_hook(self._input_grad(i))
+            self._last_output = None
+            for leaf in tree_leaves((args, kwargs)):
+                if isinstance(leaf, torch.Tensor) and leaf is not hidden:
+                    storage = leaf.untyped_storage()
+                    self._side.setdefault(storage._cdata, (weakref.ref(storage), storage.nbytes()))
+
+        return hook
+
+    def _post(self, i: int):
+        def hook(module, args, output):
+            self.meter.sync()
+            live, start, in_bytes = self._seen[i]
+            after = self.probe.live_bytes
+            top = self._window_top() if self.windowed else after
+            hidden = first_tensor(output)
+            if isinstance(hidden, torch.Tensor) and hidden.requires_grad:
+                hidden.register_hook(self._output_grad(i))
+                self._last_output = (i, weakref.ref(hidden))
+                storage = hidden.untyped_storage()
+                if storage._cdata not in self._in_storage:  # made by the block, so in its retained bytes
+                    self._out_storage[i] = weakref.ref(storage)
+            self._profiles[i] = BlockProfile(
+                retained_bytes=after - live,
+                forward_bytes=max(top - after, 0),
+                input_bytes=in_bytes,
+                forward_ms=(time.perf_counter() - start) * 1e3,
+                output_bytes=tensor_bytes(hidden),
+                param_bytes=storage_bytes(p for p in module.parameters() if p.requires_grad),
+            )
+
+        return hook
+
+    def _output_grad(self, i: int):
+        # Block i's output is block i + 1's input: the gradient arriving here also ends
+        # block i + 1's backward. Tensor hooks run in the order they were registered, so a
+        # second hook for that would read the window after this one has reset it (block
+        # i + 1's backward then read as 0 bytes).
+        def hook(grad):
+            self.meter.sync()
+            if i + 1 in self._chained:
+                self._end_backward(i + 1)
+            self._backward_start[i] = self.probe.live_bytes
+            storage = self._out_storage.pop(i, None)
+            if storage is not None and storage() is None:  # only what came after saved it
+                self._released[i] = self._profiles[i].out_bytes if self._profiles[i] is not None else 0
+            if i == len(self.blocks) - 1:
+                self.blocks_backward_live = self.probe.live_bytes
+            if self.windowed:
+                self.probe.reset_window()
+
+        return hook
+
+    def _input_grad(self, i: int):
+        def hook(grad):
+            self.meter.sync()
+            self._end_backward(i)
+
+        return hook
+
+    def _end_backward(self, i: int) -> None:
+        """The gradient of block ``i``'s input is ready: its backward held the window's top."""
+        top = self._window_top()
+        self._backward_extra[i] = max(top - self._backward_start.get(i, top), 0)
+        if i == 0 and self.tail:  # the tail starts: a window (CPU) or the allocator's peak (CUDA) of its own
+            self.tail_live = self.probe.live_bytes
+            if self.windowed:
+                self.probe.reset_window()
+            else:
+                self.peak_before_tail = self.probe.peak_bytes
+                self.probe.reset_peak()
+
+    def finish_backward(self, backward_peak: int) -> None:
+        """After ``backward()``: a block whose input needed no gradient ends with backward
+        (its window up to now; on CUDA ``backward_peak``); the tail's top is read."""
+        for i in self._backward_start.keys() - self._backward_extra.keys():
+            top = self.probe.window_peak_bytes if self.windowed else backward_peak
+            self._backward_extra[i] = max(top - self._backward_start[i], 0)
+        if self.tail_live is not None:
+            top = self.probe.window_peak_bytes if self.windowed else self.probe.peak_bytes
+            self.tail_top = max(top, self.tail_live)
+
+    def profiles(self) -> list[BlockProfile]:
+        """One profile per block, in order.
+
+        Raises:
+            RunError: a block did not run in the model's forward.
+        """
+        missing = [i for i, p in enumerate(self._profiles) if p is None]
+        if missing:
+            raise RunError(f"blocks {missing} did not run in the model's forward: the blocks must form a chain")
+        return [
+            replace(p, backward_bytes=self._backward_extra.get(i, 0), released_bytes=self._released.get(i, 0))
+            for i, p in enumerate(self._profiles)
+        ]
+
+    def public(self) -> list[dict[str, Any]]:
+        """The profiles as the run summary stores them (``block_profile``)."""
+        return [profile_record(b) for b in self.profiles()]
+
+
+def profile_record(b: BlockProfile) -> dict[str, Any]:
+    """One block profile as JSON (the run summary's ``block_profile`` and ``plan.blocks``)."""
+    return {
+        "retained_bytes": b.retained_bytes,
+        "input_bytes": b.input_bytes,
+        "output_bytes": b.out_bytes,
+        "param_bytes": b.param_bytes,
+        "forward_ms": b.forward_ms,
+        "backward_bytes": b.backward_bytes,
+        "forward_bytes": b.forward_bytes,
+        "released_bytes": b.released_bytes,
+    }

@@ -1,0 +1,195 @@
+"""One run's objects and passes: the model, its optimizer, the AMP scaler and autocast,
+the data generator and the step records, with the memory pass, the timed pass and the
+summary (see :mod:`ckptlab.worker.engine.run` for what is measured and how)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ckptlab.analysis.progress import STEPS_PLANNED, steps_planned
+from ckptlab.domain import MemoryCategory
+from ckptlab.settings import get_settings
+from ckptlab.spec.experiment import ExperimentSpec
+from ckptlab.strategies import BASELINE, Strategy, get_strategy
+from ckptlab.worker.engine.block_profile import BlockRecorder
+from ckptlab.worker.engine.step import instrumented_step, timed_step
+from ckptlab.worker.engine.training import autocast_for, build_checkpointed, make_optimizer
+from ckptlab.worker.measure.meter import Meter, memory_is_flat, tag_optimizer_state
+from ckptlab.worker.models.base import Built
+
+__all__ = ["RunContext", "StepCallback"]
+
+StepCallback = Callable[[dict[str, Any]], None]
+
+
+class RunContext:
+    """The per-run objects of one experiment in one place: the spec, the device, the meter,
+    the model, its optimizer, the AMP scaler and autocast, the data generator, where the
+    run is (``where``: phase and step, for out-of-memory reports), the step callback and
+    the records of both passes.
+
+    ``build`` makes the model and optimizer (inside the meter's tracking mode);
+    ``memory_pass`` and ``timed_pass`` run the steps (:mod:`ckptlab.worker.engine.step`);
+    :func:`ckptlab.worker.engine.summarize.summarize` turns the records into the summary.
+
+    Args:
+        spec: the run's spec.
+        strategy: its strategy, resolved once from ``spec.checkpoint.strategy``.
+        dev: the device.
+        meter: the run's meter (memory and time readings).
+        where: the phase and step the run is in, updated as it goes.
+        on_step: called with each step's record.
+    """
+
+    def __init__(
+        self,
+        spec: ExperimentSpec,
+        strategy: Strategy,
+        dev: torch.device,
+        meter: Meter,
+        where: dict[str, Any],
+        on_step: StepCallback | None,
+    ):
+        self.spec, self.strategy, self.dev, self.meter = spec, strategy, dev, meter
+        self.where, self.on_step = where, on_step
+        self.autocast = autocast_for(spec, dev)
+        self.scaler = torch.amp.GradScaler(dev.type) if spec.amp == "fp16" else None
+        self.gen = torch.Generator().manual_seed(spec.seed)
+        self.records: list[dict[str, Any]] = []
+        self.timed: list[dict[str, Any]] = []
+        self.block_profile: list[dict[str, Any]] | None = None
+        self.compile_ms: float | None = None
+        self.paired: list[dict[str, Any]] = []  # the un-checkpointed copy's timed steps, round by round
+        self.pairing_skipped: str | None = None
+        self.timing_threads: int | None = None  # torch threads of the timing pass (CPU)
+        self._build: Callable[[], Built] | None = None
+
+    def build(self, build: Callable[[], Built] | None, ranges: list[tuple[int, int]] | None = None) -> None:
+        """The checkpointed model (``build()``'s copy, or the spec's) and its optimizer, each
+        tensor tagged with its memory category as it is made."""
+        meter = self.meter
+        self._build = build
+        meter.set_category(MemoryCategory.PARAMETERS)
+        self.built = build_checkpointed(
+            self.spec, self.dev, on_recompute=meter.on_recompute, build=build, ranges=ranges
+        )
+        self.params = list(self.built.module.parameters())
+        meter.retag(list(self.params) + list(self.built.module.buffers()), MemoryCategory.PARAMETERS)
+        meter.set_category(MemoryCategory.OTHER)
+        self.opt = make_optimizer(self.spec, self.params)
+        tag_optimizer_state(self.opt, meter)
+        for p in self.params:
+            p.register_post_accumulate_grad_hook(lambda q: meter.retag([q.grad], MemoryCategory.GRADIENTS))
+        if self.strategy.compiles:
+            self.compile_ms = self._compile()
+
+    def _compile(self) -> float:
+        """One forward and backward on a batch of the run's shape, gradients dropped: what
+        ``torch.compile`` needs to compile the forward and backward graphs, so no measured
+        step includes it. The RNG and the data generator are left as they were (the run
+        sees the same batches and dropout masks as any other strategy). Returns its wall
+        time, ms (the summary's ``compile_ms``)."""
+        spec, built = self.spec, self.built
+        t0 = time.perf_counter()
+        with torch.random.fork_rng(devices=[self.dev] if self.dev.type == "cuda" else []):
+            x, y = built.make_batch(spec.batch_size, torch.Generator().manual_seed(spec.seed))
+            x, y = x.to(self.dev), y.to(self.dev)
+            with self.autocast():
+                out = built.module(x)
+            built.loss_fn(out, y).backward()
+            del out, x, y
+        for p in self.params:
+            p.grad = None
+        self.meter.sync()
+        return (time.perf_counter() - t0) * 1e3
+
+    def _emit(self, record: dict[str, Any]) -> None:
+        if self.on_step is not None:
+            self.on_step(record)
+
+    def memory_pass(self) -> None:
+        """Up to ``spec.steps`` instrumented steps; stops early when memory is flat."""
+        spec = self.spec
+        for step in range(1, spec.steps + 1):
+            self.where["step"] = step
+            if step == 1 and self.strategy.name == BASELINE:
+                # The baseline's blocks, recorded once: what each keeps and passes on (the
+                # expected curve of a segments sweep, issue 23).
+                with BlockRecorder(self.built.blocks, self.meter) as recorder:
+                    self.records.append(instrumented_step(self))
+                self.block_profile = recorder.public()
+            else:
+                self.records.append(instrumented_step(self))
+            self.records[-1]["extra"]["pass"] = "memory"
+            self.records[-1]["extra"][STEPS_PLANNED] = steps_planned(spec.steps, spec.timed_steps)
+            self._emit(self.records[-1])
+            if spec.memory_early_stop and memory_is_flat(self.records, spec.warmup_steps):
+                break  # every further step would read the same bytes
+
+    def timed_pass(self) -> None:
+        """``spec.timed_steps`` steps numbered on from the memory pass.
+
+        Paired (:meth:`_paired_baseline`): each step is a round in which this run and an
+        un-checkpointed copy of the model (same weights, its own optimizer and data) each
+        take one optimizer step back to back, in alternating order, without memory
+        instrumentation; the copy's step times go to ``paired_baseline_step_times_ms``
+        (issue 19: a load burst then hits both sides of a round alike). Unpaired: the
+        steps are instrumented on CUDA (free there) and wall times only on CPU.
+
+        On CPU the pass runs on ``timing_cpu_threads`` torch threads (setting, default 1:
+        steady step times on a busy host; ``timing_threads`` in the summary)."""
+        threads = 0 if self.meter.cuda else get_settings().timing_cpu_threads
+        before = torch.get_num_threads()
+        if threads:
+            torch.set_num_threads(threads)
+        try:
+            self.timing_threads = torch.get_num_threads()
+            self._timed_rounds()
+        finally:
+            torch.set_num_threads(before)
+
+    def _timed_rounds(self) -> None:
+        first = len(self.records) + 1
+        base = self._paired_baseline()
+        for i, step in enumerate(range(first, first + self.spec.timed_steps)):
+            self.where["step"] = step
+            if base is not None:
+                if i % 2:
+                    other, mine = timed_step(base), timed_step(self)
+                else:
+                    mine, other = timed_step(self), timed_step(base)
+                self.timed.append(mine)
+                self.paired.append(other)
+            elif self.meter.cuda:
+                self.timed.append(instrumented_step(self))
+                self.timed[-1]["extra"]["pass"] = "timed"
+            else:
+                self.timed.append(timed_step(self))
+            self.timed[-1]["extra"][STEPS_PLANNED] = steps_planned(first - 1, self.spec.timed_steps)
+            self._emit(self.timed[-1])
+
+    def _paired_baseline(self) -> RunContext | None:
+        """The un-checkpointed copy this run's timed steps are paired with, or None: for a
+        baseline run, a compiled one (its own baseline is the compiled model at budget
+        1.0, a separate run), ``spec.paired_timing`` off, no timed steps, or a copy that
+        does not fit in memory (then ``pairing_skipped`` says why and the timing is
+        unpaired)."""
+        spec, strategy = self.spec, self.strategy
+        if strategy.name == BASELINE or strategy.compiles or not spec.paired_timing or not spec.timed_steps:
+            return None
+        reference = spec.model_copy(update={"checkpoint": spec.checkpoint.model_copy(update={"strategy": BASELINE})})
+        base = RunContext(reference, get_strategy(BASELINE), self.dev, self.meter, self.where, None)
+        try:
+            base.build(self._build)
+            timed_step(base)  # its warm-up: the first step of a new model is not a round
+        except (MemoryError, torch.OutOfMemoryError) as exc:
+            self.pairing_skipped = f"the un-checkpointed copy does not fit beside the run: {type(exc).__name__}"
+            del base
+            if self.meter.cuda:
+                torch.cuda.empty_cache()
+            return None
+        return base

@@ -1,0 +1,102 @@
+"""Building blocks of a training step shared by the engine, the gradient check and the
+benchmarks: the device and its environment, the checkpointed model, its optimizer and its
+autocast context."""
+
+from __future__ import annotations
+
+import contextlib
+import platform
+import socket
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ckptlab.spec.experiment import ExperimentSpec
+from ckptlab.worker.engine.strategies import apply_strategy
+from ckptlab.worker.errors import RunError
+from ckptlab.worker.models.base import Built
+from ckptlab.worker.models.build import build_model
+
+__all__ = ["autocast_for", "make_optimizer", "build_checkpointed", "resolve_device", "check_supported", "environment"]
+
+
+def autocast_for(spec: ExperimentSpec, dev: torch.device) -> Callable[[], contextlib.AbstractContextManager]:
+    """A factory of the spec's autocast context (``amp`` fp16 / bf16; a null context when
+    ``off``), after ``torch.autocast``'s documentation."""
+    if spec.amp == "off":
+        return contextlib.nullcontext
+    dtype = torch.bfloat16 if spec.amp == "bf16" else torch.float16
+    return lambda: torch.autocast(dev.type, dtype=dtype)
+
+
+def make_optimizer(spec: ExperimentSpec, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    """The spec's optimizer over ``params``: Adam / AdamW (lr 1e-4) or SGD (lr 1e-3)."""
+    if spec.optimizer == "adam":
+        return torch.optim.Adam(params, lr=1e-4)
+    if spec.optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=1e-4)
+    return torch.optim.SGD(params, lr=1e-3)
+
+
+def build_checkpointed(
+    spec: ExperimentSpec,
+    dev: torch.device,
+    on_recompute=None,
+    build: Callable[[], Built] | None = None,
+    ranges: list[tuple[int, int]] | None = None,
+) -> Built:
+    """The spec's model seeded with ``spec.seed`` (or ``build()``'s, a model in hand), on
+    ``dev`` in train mode, with the spec's checkpointing applied to its blocks
+    (``on_recompute`` is called around each recomputation, see
+    :func:`ckptlab.worker.engine.strategies.apply_strategy`)."""
+    torch.manual_seed(spec.seed)
+    built = build() if build is not None else build_model(spec.model)
+    built.module.to(dev).train()
+    apply_strategy(built.blocks, spec.checkpoint, device=dev, on_recompute=on_recompute, ranges=ranges)
+    return built
+
+
+def resolve_device(requested: str) -> torch.device:
+    """Map a device name (``auto``, ``cpu``, ``cuda``, ``cuda:N``) to a ``torch.device``.
+
+    ``auto`` picks ``cuda`` when ``torch.cuda.is_available()``, else ``cpu``.
+
+    Raises:
+        RunError: CUDA requested but not available.
+    """
+    if requested == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(requested)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise RunError(
+            f"device {requested!r} was requested but CUDA is not available on this worker; use 'auto' or 'cpu'"
+        )
+    return dev
+
+
+def check_supported(spec: ExperimentSpec, dev: torch.device) -> None:
+    """Refuse combinations the device cannot run, saying why."""
+    if spec.amp == "bf16" and dev.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise RunError(f"amp 'bf16' is not supported on {torch.cuda.get_device_name(dev)}; use 'fp16' or 'off'")
+    if spec.amp != "off" and not torch.amp.is_autocast_available(dev.type):
+        raise RunError(f"autocast is not available for device type {dev.type!r}; use amp 'off'")
+
+
+def environment(dev: torch.device) -> dict[str, Any]:
+    """Torch version, device name, CUDA version and capability, host and Python version."""
+    env: dict[str, Any] = {
+        "torch_version": torch.__version__,
+        "device": str(dev),
+        "device_name": platform.processor() or platform.machine(),
+        "cuda_version": torch.version.cuda,
+        "capability": None,
+        "host": socket.gethostname(),
+        "python": platform.python_version(),
+        "cpu_threads": torch.get_num_threads(),
+    }
+    if dev.type == "cuda":
+        env["device_name"] = torch.cuda.get_device_name(dev)
+        env["capability"] = ".".join(map(str, torch.cuda.get_device_capability(dev)))
+        env["total_memory_bytes"] = torch.cuda.get_device_properties(dev).total_memory
+    return env
