@@ -3,7 +3,7 @@ each with its spec class, form text, label, builder, parameter counter, admissio
 starting values. Nothing else spells a model kind's name.
 
 The parameter counters are exact for the models ``ckptlab.worker.models`` builds
-(``tests/backend/test_hardening.py`` and ``tests/ckptlab/spec/test_hf_params.py`` check them
+(``tests/backend/api/test_hardening.py`` and ``tests/ckptlab/spec/test_hf_params.py`` check them
 against the built modules), so the API bounds a request's parameters and fixed memory without
 importing torch. ``custom``, ``python`` and ``torchvision`` have none: the API never loads
 their code (torchvision does not import beside the CPU torch, so its counts cannot be checked

@@ -9,7 +9,7 @@ the API's answers, and on a database shared across sequences the ids and lists d
 replay, which hypothesis reports as inconsistent data generation (FlakyStrategyDefinition).
 
 Left out: the live streams (a stream of a running experiment never ends on its own;
-tests/backend/test_stream.py covers them); and, in sequences only, the memory snapshot of an
+tests/backend/services/test_stream.py covers them); and, in sequences only, the memory snapshot of an
 experiment (it is created by a CUDA run, not by the POST, so "404 for a created resource"
 is the right answer there; the single-operation test still calls it).
 
