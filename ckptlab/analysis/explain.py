@@ -93,7 +93,7 @@ def findings(spec: ExperimentSpec, summary: RunSummary, strategy: Strategy) -> l
         strategy: the run's strategy, resolved once (:func:`ckptlab.strategies.get_strategy`).
     """
     baseline = strategy.name == BASELINE
-    out = [*_offload_on_cpu(spec, summary, strategy), *([] if baseline else _wraps_no_block(spec, strategy))]
+    out = [*_offload_on_cpu(spec, summary, strategy), *([] if baseline else _wraps_no_block(spec, summary, strategy))]
     if not baseline:
         out += _saving(summary, already_said=bool(out))
         out += _peak_without_activations(summary)
@@ -111,9 +111,15 @@ def _offload_on_cpu(spec: ExperimentSpec, summary: RunSummary, strategy: Strateg
     return []
 
 
-def _wraps_no_block(spec: ExperimentSpec, strategy: Strategy) -> list[Finding]:
+def _wraps_no_block(spec: ExperimentSpec, summary: RunSummary, strategy: Strategy) -> list[Finding]:
+    """A setting that wraps no block. A planned strategy (``auto``) wraps what its plan
+    checkpoints, known only once it ran: it is judged on the plan, not on the table's
+    groups (which are empty for it)."""
     ck = spec.checkpoint
-    if strategy.groups(spec.model.depth, ck):
+    if strategy.planned:
+        if summary.plan is None or summary.plan.get("checkpointed_blocks"):
+            return []
+    elif strategy.groups(spec.model.depth, ck):
         return []
     advice = "; use 2 or more segments" if "segments" in strategy.fields else ""
     label = strategy.label_for(ck.model_dump())
