@@ -265,23 +265,24 @@ def sweep_rows(sweep: Sweep, *, noise_threshold_pct: float = NOISE_THRESHOLD_PCT
     """
     paths = list(sweep.axes or {})
     experiments = sorted(sweep.experiments, key=lambda e: e.id)
-    rows = [_row(exp, paths, noise_threshold_pct) for exp in experiments]
+    specs = {exp.id: exp.experiment_spec for exp in experiments}  # each stored spec validated once
+    rows = [_row(exp, specs[exp.id], paths, noise_threshold_pct) for exp in experiments]
     baselines = _match_baselines(rows, noise_threshold_pct)
     for r in rows:
         _compare_with_baseline(r, baselines.get(_group_key(r.group)), noise_threshold_pct)
     compiled = {
-        exp.id: spec.checkpoint.activation_memory_budget
-        for exp in experiments
-        if (spec := exp.experiment_spec) is not None and STRATEGIES[spec.checkpoint.strategy].compiles
+        i: spec.checkpoint.activation_memory_budget
+        for i, spec in specs.items()
+        if spec is not None and STRATEGIES[spec.checkpoint.strategy].compiles
     }
     _against_compiled_baseline(rows, compiled, noise_threshold_pct)
     return rows
 
 
-def _row(exp: Experiment, paths: list[str], noise_threshold_pct: float) -> SweepRow:
+def _row(exp: Experiment, spec: ExperimentSpec | None, paths: list[str], noise_threshold_pct: float) -> SweepRow:
     """An experiment's row before its baseline is matched: its axis values, role, label and
-    the figures of its summary."""
-    spec, summary = exp.experiment_spec, exp.run_summary
+    the figures of its summary (``spec``: its stored spec, validated; None if it no longer is)."""
+    summary = exp.run_summary
     strategy = spec.checkpoint.strategy if spec is not None else exp.strategy
     # An axis the run's strategy does not read (segments of per_block) has no value here.
     values = {p: (axis_value(spec, p) if spec is not None and reads(strategy, p) else None) for p in paths}
