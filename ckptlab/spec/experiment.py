@@ -16,7 +16,7 @@ from pydantic import AfterValidator, Field, StrictBool, model_validator
 from ckptlab.spec import model_kinds as _builtin_kinds  # noqa: F401  (registers the built-in kinds)
 from ckptlab.spec.base import SpecInt, _field_error, _Strict
 from ckptlab.spec.hf_model import HFModelSpec
-from ckptlab.spec.kinds import default_model, model_kind_names, model_spec_type
+from ckptlab.spec.kinds import default_model, model_spec_type
 from ckptlab.spec.models import (
     MODEL_ENTRY_POINT_GROUP,
     CustomModelSpec,
@@ -43,7 +43,6 @@ __all__ = [
     "CheckpointSpec",
     "ExperimentSpec",
     "StrategyName",
-    "MODEL_KINDS",
     "MODEL_ENTRY_POINT_GROUP",
     "installed_model_names",
     "find_unstorable",
@@ -51,9 +50,6 @@ __all__ = [
 
 #: Largest ``memory_limit_bytes`` a spec may give: 1 PiB, above any device or host.
 MAX_MEMORY_LIMIT_BYTES = 2**50
-#: The kinds registered when this module was imported (the built-ins), by rank. Kept for
-#: older callers; the live list is :func:`ckptlab.spec.kinds.model_kind_names`.
-MODEL_KINDS: tuple[str, ...] = tuple(model_kind_names())
 #: ``ExperimentSpec.model``: a model of any kind in the model-kind table (:mod:`ckptlab.spec.kinds`).
 ModelSpec = model_spec_type()
 
