@@ -19,7 +19,7 @@ from fastapi_offline import FastAPIOffline
 from sqlalchemy.exc import DataError, IntegrityError, OperationalError
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
-from ckptlab.backend.api import experiments, meta, plans, sweeps
+from ckptlab.backend.api import experiments, meta, plans, predictions, sweeps
 from ckptlab.backend.deps import WRITE_METHODS, require_write_token
 from ckptlab.backend.encoding import SafeJSONResponse
 from ckptlab.backend.middleware import MAX_JSON_DEPTH, AllowEveryMethod, BodySizeLimit, WriteGuard
@@ -171,6 +171,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     api.include_router(experiments.router)
     api.include_router(sweeps.router)
     api.include_router(plans.router)
+    api.include_router(predictions.router)
     api.include_router(meta.router)
 
     app.include_router(api)

@@ -11,6 +11,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
 from ckptlab.backend.middleware import WRITE_METHODS
+from ckptlab.backend.services.predictions import PredictionSlots
 from ckptlab.backend.services.series import SeriesCache
 from ckptlab.settings import Settings
 
@@ -18,8 +19,10 @@ __all__ = [
     "SessionDep",
     "SettingsDep",
     "SeriesCacheDep",
+    "PredictionSlotsDep",
     "ExperimentId",
     "SweepId",
+    "PredictionId",
     "MAX_ID",
     "get_session",
     "get_settings",
@@ -47,11 +50,22 @@ def get_series_cache(request: Request) -> SeriesCache:
     return request.app.state.series_cache
 
 
+async def get_prediction_slots(request: Request) -> PredictionSlots:
+    """The app's cap on concurrent prediction processes (``prediction_slots``), made on first
+    use (a coroutine: it runs on the event loop, so two first requests cannot both make one)."""
+    slots = getattr(request.app.state, "prediction_slots", None)
+    if slots is None:
+        slots = request.app.state.prediction_slots = PredictionSlots(request.app.state.settings.prediction_slots)
+    return slots
+
+
 SessionDep = Annotated[Session, Depends(get_session)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 SeriesCacheDep = Annotated[SeriesCache, Depends(get_series_cache)]
 ExperimentId = Annotated[int, Path(ge=1, le=MAX_ID, description="experiment id", examples=[1])]
 SweepId = Annotated[int, Path(ge=1, le=MAX_ID, description="sweep id", examples=[1])]
+PredictionId = Annotated[int, Path(ge=1, le=MAX_ID, description="prediction id", examples=[1])]
+PredictionSlotsDep = Annotated[PredictionSlots, Depends(get_prediction_slots)]
 
 bearer = HTTPBearer(
     auto_error=False,

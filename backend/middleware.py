@@ -226,19 +226,23 @@ class AllowEveryMethod:
     def __init__(self, app: Any, *, openapi: Any):
         self.app = app
         self.openapi = openapi
-        self._paths: list[tuple[re.Pattern[str], set[str]]] | None = None
+        self._paths: list[tuple[re.Pattern[str], set[str], bool]] | None = None
 
     def _allowed(self, path: str) -> set[str]:
+        """The methods the API serves at ``path``; a literal route (``/api/predictions/batch``)
+        wins over a template that also matches it (``/api/predictions/{prediction_id}``)."""
         if self._paths is None:
             self._paths = [
-                (re.compile("^" + re.sub(r"\\{[^/]+?\\}", "[^/]+", re.escape(template)) + "$"), set(ops))
+                (
+                    re.compile("^" + re.sub(r"\\{[^/]+?\\}", "[^/]+", re.escape(template)) + "$"),
+                    set(ops),
+                    "{" not in template,
+                )
                 for template, ops in self.openapi().get("paths", {}).items()
             ]
-        allowed: set[str] = set()
-        for pattern, ops in self._paths:
-            if pattern.match(path):
-                allowed |= {m.upper() for m in ops if m.lower() in _HTTP_METHODS}
-        return allowed
+        matches = [(ops, literal) for pattern, ops, literal in self._paths if pattern.match(path)]
+        chosen = [ops for ops, literal in matches if literal] or [ops for ops, _ in matches]
+        return {m.upper() for ops in chosen for m in ops if m.lower() in _HTTP_METHODS}
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":

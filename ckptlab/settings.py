@@ -111,6 +111,20 @@ class Settings(BaseSettings):
         series_cache_bytes: memory the API may keep for per-step series, bytes (default 256 MiB).
         series_warm_interval_s: how often the API brings the cached series of running
             experiments up to date, seconds (default 2; 0 turns it off).
+        prediction_timeout_s: ``POST /api/predictions`` (and ``/batch``) kills its prediction
+            process after this many seconds and records what it had not answered
+            ``timed_out`` (``CKPTLAB_PREDICTION_TIMEOUT_S``, default 120): the longest a
+            prediction request waits, whatever its number of targets.
+        prediction_memory_bytes: the data size (``RLIMIT_DATA``: heap and private writable
+            mappings, interpreter and torch included) a prediction process may reach, bytes
+            (``CKPTLAB_PREDICTION_MEMORY_BYTES``, default 8 GiB). Past it an allocation fails
+            in that process, which records the prediction ``failed``, instead of the kernel's
+            OOM killer picking a process. A prediction holds fake tensors (no storage): it
+            needs about what ``import torch`` takes (0.3 GiB with the CPU build, 1.3-1.9 GiB
+            with the CUDA build) plus the model's Python objects.
+        prediction_slots: prediction processes one API server runs at once; more requests get
+            503 with ``Retry-After`` (``CKPTLAB_PREDICTION_SLOTS``, default 2: each process
+            imports torch, seconds of CPU, and may reach ``prediction_memory_bytes``).
     """
 
     model_config = SettingsConfigDict(env_prefix="CKPTLAB_", extra="ignore")
@@ -143,6 +157,9 @@ class Settings(BaseSettings):
     series_max_points: int = Field(20_000, ge=10, le=1_000_000)
     series_cache_bytes: int = Field(256 * 2**20, ge=0)
     series_warm_interval_s: float = Field(2.0, ge=0)
+    prediction_timeout_s: float = Field(120.0, gt=0, le=86_400)
+    prediction_memory_bytes: int = Field(8 * 2**30, ge=256 * 2**20, le=2**60)
+    prediction_slots: int = Field(2, ge=1, le=1024)
 
     @field_validator("api_token", mode="before")
     @classmethod

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer
 
-__all__ = ["PhaseSpread", "Finding", "RunSummary", "StepRecord"]
+__all__ = ["PhaseSpread", "Finding", "PredictionInfo", "RunSummary", "StepRecord"]
 
 
 class PhaseSpread(BaseModel):
@@ -42,6 +42,29 @@ class Finding(BaseModel):
 
     code: str
     message: str
+
+
+class PredictionInfo(BaseModel):
+    """What a prediction states beside the figures it predicts (``ckptlab.worker.predict``):
+    which target, how, how far it can be off, and for a GPU target whether it fits.
+
+    Bytes throughout; ``margin_bytes`` is the capacity less the predicted device-used bytes
+    (negative: short by that much).
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    target: str = Field(description="the target's name (ckptlab.prediction.targets)")
+    method: str = Field(description="how the figures were obtained, in words")
+    error_bound: str = Field(description="how far they can be off, in words (unverified on CUDA until measured)")
+    capacity_bytes: int | None = Field(None, description="the device's memory; None on cpu")
+    peak_reserved_bytes: int | None = Field(None, description="predicted CUDA caching allocator reserved peak")
+    device_used_bytes: int | None = Field(None, description="reserved + CUDA context, as NVML counts (estimate)")
+    fits: bool | None = Field(None, description="device_used_bytes <= capacity_bytes (None on cpu)")
+    margin_bytes: int | None = None
+    fixed_bytes: int | None = Field(None, description="parameters + gradients + optimizer state at the peak")
+    sdpa_backend: str | None = Field(None, description="the attention backend the target runs, when the model has one")
+    notes: list[str] = Field(default_factory=list, description="what would change the verdict, and why")
 
 
 class RunSummary(BaseModel):
@@ -142,6 +165,8 @@ class RunSummary(BaseModel):
     # ckptlab.profile: what was profiled.
     model: str | None = Field(None, description="class and parameter count of a profiled model")
     blocks: str | None = Field(None, description="the blocks a profiled run checkpointed, and why those")
+    # A prediction (no real step ran): its target, method and bounds.
+    prediction: PredictionInfo | None = None
     # A run that did not succeed.
     oom: dict[str, Any] | None = Field(None, description="where an out-of-memory run stopped")
     failure: dict[str, Any] | None = None

@@ -6,6 +6,7 @@
  *   #/experiments/<id>                               one experiment, live per-step charts
  *   #/sweeps/<id>?budget=2GiB&overhead=20&sort=peak  one sweep: charts, runs, recommendation
  *   #/plans/<id>                                     a plan for a memory budget and its verdict
+ *   #/predictions/<id>?run=<id>                      a prediction: fits or not, and beside a real run
  *
  * Modules: util.js (the server's vocabulary, formatting, API), live.js (resumable streams),
  * budget.js (lists, sizes, budgets; no DOM), charts.js (Plotly figures),
@@ -18,6 +19,7 @@ import { hideList, initList, showList } from './list.js';
 import { hideExperiment, initExperiment, showExperiment } from './experiment.js';
 import { hideSweep, initSweep, showSweep } from './sweep.js';
 import { hidePlan, showPlan } from './plan.js';
+import { hidePrediction, showPrediction } from './prediction.js';
 
 let sweepSeed = null; // the POST /api/sweeps answer, shown at once on the new sweep's page
 
@@ -75,6 +77,7 @@ function route() {
   hideExperiment();
   hideSweep();
   hidePlan();
+  hidePrediction();
   let m;
   if ((m = /^\/experiments\/(\d+)\/?$/.exec(path))) {
     showView('view-experiment');
@@ -87,6 +90,9 @@ function route() {
   } else if ((m = /^\/plans\/(\d+)\/?$/.exec(path))) {
     showView('view-plan');
     showPlan(Number(m[1]));
+  } else if ((m = /^\/predictions\/(\d+)\/?$/.exec(path))) {
+    showView('view-prediction');
+    showPrediction(Number(m[1]));
   } else if (path === '/new') {
     showView('view-new');
     showNew(params);

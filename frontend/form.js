@@ -13,6 +13,7 @@ import { buildModelControls, fillModel, resetModel } from './form_hf.js';
 const PRESETS = META.presets;
 import { autoName, dropPendingPlan, showSweepPlan } from './sweep_plan.js';
 import { planBody, planSummary, submitPlan } from './plan.js';
+import { fillTargetSelect, submitPrediction } from './prediction.js';
 
 const form = $('experiment-form');
 
@@ -223,13 +224,13 @@ function controlFor(path) {
  * A 422 `loc` -> the form path it names. Experiments: ["body", "model", "width"] (a field
  * of the model's kind; a loc with the kind as a union tag, ["body", "model", <kind>, "width"],
  * is read the same); sweeps: ["body", "base", "checkpoint", "segments"],
- * ["body", "axes", "checkpoint.segments"], ["body", "name"].
+ * ["body", "axes", "checkpoint.segments"], ["body", "name"]; predictions: ["body", "spec", ...].
  */
 export function pathOfLoc(loc) {
   const l = Array.isArray(loc) ? loc.slice() : [];
   if (l[0] === 'body') l.shift();
   if (l[0] === 'axes') return l.length > 1 ? `axes.${l[1]}` : 'axes';
-  if (l[0] === 'base') l.shift();
+  if (l[0] === 'base' || l[0] === 'spec') l.shift();
   if (l[0] === 'model' && l.length > 2 && MODEL_KINDS.includes(l[1])) l.splice(1, 1);
   return l.join('.');
 }
@@ -261,6 +262,28 @@ function showValidationErrors(detail) {
 }
 
 // ------------------------------------------------------------------ submit
+
+/** "Predict": the form's one experiment, predicted on the chosen target (POST /api/predictions). */
+async function onPredict() {
+  clearErrors();
+  const { spec, errors } = readSpec();
+  if (errors.length) {
+    markError(errors[0].input, errors[0].msg).focus();
+    return;
+  }
+  const button = $('predict');
+  button.disabled = true;
+  try {
+    const r = await submitPrediction(spec, $('predict-target').value);
+    if (r.ok && r.body && r.body.id !== undefined) navigate(`#/predictions/${r.body.id}`);
+    else if (r.status === 422 && r.body && Array.isArray(r.body.detail)) showValidationErrors(r.body.detail);
+    else showFormError(`The server refused the prediction (HTTP ${r.status}): ${detailText(r.body)}`);
+  } catch (err) {
+    showFormError(`Cannot reach the server: ${err.message}`);
+  } finally {
+    button.disabled = false;
+  }
+}
 
 async function onSubmit(event) {
   event.preventDefault();
@@ -363,6 +386,8 @@ export function initForm(opts) {
   buildModelControls();
   buildStrategyControls();
   form.addEventListener('submit', onSubmit);
+  fillTargetSelect($('predict-target'));
+  $('predict').addEventListener('click', onPredict);
   form.addEventListener('input', (e) => {
     if (e.target.getAttribute('aria-invalid') === 'true' || fieldOf(e.target).querySelector('.field-error')) {
       clearFieldError(e.target);

@@ -29,13 +29,21 @@ FOLDERS = {
 PROCESSES = ("ckptlab.worker", "ckptlab.backend", "ckptlab.cli", "ckptlab.frontend")
 #: The floor's contracts: imported by every unit, importing none of ours.
 CONTRACTS = {"ckptlab.domain", "ckptlab.strategies", "ckptlab.summary", "ckptlab.side_tasks"}
-FLOOR = CONTRACTS | {"ckptlab.settings", "ckptlab.spec", "ckptlab.planning", "ckptlab.analysis", "ckptlab.db"}
+FLOOR = CONTRACTS | {
+    "ckptlab.settings",
+    "ckptlab.spec",
+    "ckptlab.planning",
+    "ckptlab.analysis",
+    "ckptlab.prediction",
+    "ckptlab.db",
+}
 #: Which unit (a subpackage, or a module beside them) may import which; docs/architecture.md
 #: draws the same table. The floor (``ckptlab`` less its processes) imports neither process.
 ALLOWED: dict[str, set[str]] = {
     **{c: set() for c in CONTRACTS},
     "ckptlab.settings": {"ckptlab.domain"},
     "ckptlab.planning": set(),
+    "ckptlab.prediction": CONTRACTS,
     "ckptlab.spec": CONTRACTS | {"ckptlab.settings"},
     "ckptlab.analysis": CONTRACTS | {"ckptlab.settings", "ckptlab.spec"},
     "ckptlab.db": CONTRACTS | {"ckptlab.settings", "ckptlab.spec"},
@@ -45,10 +53,13 @@ ALLOWED: dict[str, set[str]] = {
     "ckptlab.worker.measure": CONTRACTS | {"ckptlab.spec"},
     "ckptlab.worker.engine": FLOOR - {"ckptlab.db"}
     | {"ckptlab.worker.errors", "ckptlab.worker.measure", "ckptlab.worker.models"},
+    "ckptlab.worker.predict": FLOOR - {"ckptlab.db"}
+    | {"ckptlab.worker.engine", "ckptlab.worker.errors", "ckptlab.worker.measure", "ckptlab.worker.models"},
     "ckptlab.worker.service": FLOOR | {"ckptlab.worker.engine", "ckptlab.worker.errors", "ckptlab.worker.measure"},
     "ckptlab.worker.progress_bar": FLOOR,
-    "ckptlab.worker.profile": FLOOR | {"ckptlab.worker.models", "ckptlab.worker.service"},
-    "ckptlab.worker.cli": FLOOR | {"ckptlab.worker.service", "ckptlab.worker.progress_bar"},
+    "ckptlab.worker.profile": FLOOR | {"ckptlab.worker.models", "ckptlab.worker.service", "ckptlab.worker.predict"},
+    "ckptlab.worker.predict_api": FLOOR | {"ckptlab.worker.models", "ckptlab.worker.predict"},
+    "ckptlab.worker.cli": FLOOR | {"ckptlab.worker.service", "ckptlab.worker.progress_bar", "ckptlab.worker.predict_api"},
     # the backend
     "ckptlab.backend.encoding": FLOOR,
     "ckptlab.backend.middleware": FLOOR,

@@ -1,5 +1,6 @@
-"""The worker's commands: ``ckptlab run`` (one experiment in this process) and
-``ckptlab worker`` (claim queued experiments until stopped).
+"""The worker's commands: ``ckptlab run`` (one experiment in this process), ``ckptlab
+predict`` (will a spec fit on a target? predicted in this process) and ``ckptlab worker``
+(claim queued experiments until stopped).
 
 The worker owns its signal policy: the first SIGTERM/SIGINT finishes running experiments
 (rq's ``request_stop``), the second requeues them at once (``request_force_stop``).
@@ -13,8 +14,9 @@ import logging
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from pydantic import ValidationError
@@ -47,8 +49,9 @@ def format_validation_error(exc: ValidationError) -> str:
     return "invalid spec: " + "; ".join(parts)
 
 
-def load_spec(path: Path) -> ExperimentSpec:
-    """Read and validate a spec file. Raises ``typer.Exit(2)`` with one line on any problem."""
+def load_spec(path: Path, prepare: Callable[[Any], Any] | None = None) -> ExperimentSpec:
+    """Read and validate a spec file, ``prepare`` (if given) applied to its JSON first.
+    Raises ``typer.Exit(2)`` with one line on any problem."""
     try:
         raw = json.loads(path.read_text())
     except FileNotFoundError:
@@ -58,7 +61,7 @@ def load_spec(path: Path) -> ExperimentSpec:
     except json.JSONDecodeError as exc:
         raise _fail(f"{path} is not valid JSON: {exc}") from None
     try:
-        return ExperimentSpec.model_validate(raw)
+        return ExperimentSpec.model_validate(prepare(raw) if prepare and isinstance(raw, dict) else raw)
     except ValidationError as exc:
         raise _fail(format_validation_error(exc)) from None
 
@@ -168,6 +171,117 @@ def run(
     if json_out:
         sys.stdout.write(json.dumps(result) + "\n")
     if exp.status != Status.SUCCEEDED:
+        raise typer.Exit(1)
+
+
+def _parse_capacity(capacity: str | None) -> int | None:
+    """``--capacity`` as bytes (digits, ``_`` allowed). Raises ``typer.Exit(2)`` with one line
+    when it is not a whole number above 0."""
+    if capacity is None:
+        return None
+    try:
+        value = int(capacity.replace("_", ""), 10)
+    except ValueError:
+        value = 0
+    if value <= 0 or value > 2**50:
+        raise _fail(f"--capacity: expected a whole number of bytes above 0 (at most 2**50), got {capacity!r}")
+    return value
+
+
+def _prediction_lines(sm: RunSummary) -> list[str]:
+    """The prediction's figures below its table: peak phase, categories at the peak, the
+    auto plan, method and error bound, notes."""
+    info = sm.prediction
+    lines = []
+    if sm.peak_phase:
+        lines.append(f"peak in {sm.peak_phase}")
+    if sm.memory_at_peak:
+        parts = ", ".join(f"{k} {_mib(v)} MiB" for k, v in sorted(sm.memory_at_peak.items(), key=lambda kv: -kv[1]))
+        lines.append(f"at the peak: {parts}")
+    if sm.plan:
+        blocks = sm.plan.get("checkpointed_blocks")
+        lines.append(
+            f"auto plan: checkpoint blocks {blocks}, predicted peak {_mib(sm.predicted_peak_bytes)} MiB"
+            f" under a budget of {_mib(sm.budget_bytes)} MiB"
+        )
+    if sm.peak_explanation:
+        lines.append(sm.peak_explanation)
+    if info is not None:
+        if info.fixed_bytes is not None:
+            lines.append(f"fixed (parameters, gradients, optimizer state): {_mib(info.fixed_bytes)} MiB")
+        if info.sdpa_backend:
+            lines.append(f"attention: the {info.sdpa_backend} backend of scaled_dot_product_attention")
+        lines.append(f"method: {info.method}; error bound: {info.error_bound}")
+        lines += [f"note: {n}" for n in info.notes]
+    return lines
+
+
+def _prediction_table(sm: RunSummary, title: str) -> Table:
+    """Peak allocated, reserved, device used and capacity (MiB, bytes) and the verdict."""
+    info = sm.prediction
+    table = Table(title=title)
+    table.add_column("")
+    table.add_column("MiB", justify="right")
+    table.add_column("bytes", justify="right")
+    rows = [("peak allocated", sm.peak_allocated_bytes)]
+    if info is not None:
+        rows += [
+            ("reserved (allocator)", info.peak_reserved_bytes),
+            ("device used (+ context)", info.device_used_bytes),
+            ("capacity", info.capacity_bytes),
+        ]
+    for name, value in rows:
+        table.add_row(name, _mib(value), "-" if value is None else f"{value:,}")
+    if info is not None and info.fits is not None:
+        verdict = "[green]fits[/green]" if info.fits else "[red]does not fit[/red]"
+        margin = info.margin_bytes
+        table.add_row(verdict, _mib(margin), "-" if margin is None else f"{margin:,} margin")
+    return table
+
+
+@app.command()
+def predict(
+    spec_path: Annotated[Path, typer.Argument(metavar="SPEC.json", help="experiment spec (JSON)")],
+    target: Annotated[
+        str | None, typer.Option(metavar="NAME", help="the device: cpu, or a GPU of the targets table")
+    ] = None,
+    capacity: Annotated[
+        str | None, typer.Option(metavar="BYTES", help="the device's memory instead of the target's, bytes")
+    ] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="print the prediction as JSON on the last line")] = False,
+) -> None:
+    """Predict one training step of a spec on a target (will it fit?), store it, print it.
+
+    Runs in this process with fake tensors (no real memory, no GPU needed). Exit codes: 0 the
+    prediction succeeded (whether or not the run fits), 1 it failed, 2 bad input.
+    """
+    from ckptlab.prediction.budget import with_default_budget
+    from ckptlab.prediction.targets import get_target, target_names
+
+    if target is None:
+        raise _fail(f"--target: missing; expected one of {', '.join(target_names())}")
+    try:
+        chosen = get_target(target)
+    except ValueError as exc:
+        raise _fail(f"--target: {exc}") from None
+    capacity_bytes = _parse_capacity(capacity)
+    spec = load_spec(spec_path, lambda raw: with_default_budget(raw, chosen, capacity_bytes))
+    from ckptlab.worker.predict_api import predict_and_store
+
+    result = predict_and_store(
+        spec, chosen, capacity_bytes=capacity_bytes, database_url=_settings().resolved_database_url
+    )
+    title = f"prediction {result.id}: {spec.model.kind} {spec.checkpoint.strategy} on {chosen.name} ({chosen.label})"
+    if result.status == Status.SUCCEEDED:
+        console.print(_prediction_table(result, title))
+        for line in _prediction_lines(result):
+            console.print(line, markup=False, highlight=False)
+    else:
+        console.print(f"{title}\n[red]{result.status}[/red]: ", end="")
+        console.print(result.error, markup=False, highlight=False)
+    if json_out:
+        sys.stdout.write(json.dumps(result.model_dump(mode="json", exclude={"database_url"})) + "\n")
+    if result.status != Status.SUCCEEDED:
         raise typer.Exit(1)
 
 

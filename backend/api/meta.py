@@ -8,6 +8,7 @@ from sqlalchemy import text
 from ckptlab.backend.deps import SessionDep, SettingsDep
 from ckptlab.backend.schemas import CHART_NAMES, Health, MetaPublic, StatusPublic
 from ckptlab.domain import SERIES_METRICS, MemoryCategory, Status
+from ckptlab.prediction.targets import TARGETS, target_names
 from ckptlab.spec.experiment import ExperimentSpec
 from ckptlab.spec.hf_catalog import HF_ARCHITECTURES
 from ckptlab.spec.kinds import MODEL_KIND_TABLE, model_kind_names
@@ -29,7 +30,8 @@ def health(session: SessionDep, request: Request) -> Health:
 @router.get("/meta", response_model=MetaPublic, summary="Statuses, spec choices and limits for clients")
 def meta(settings: SettingsDep) -> MetaPublic:
     """The vocabulary defined once in :mod:`ckptlab.domain`, :mod:`ckptlab.strategies`, the
-    model-kind table (:mod:`ckptlab.spec.kinds`) and :mod:`ckptlab.spec.experiment`, so the
+    model-kind table (:mod:`ckptlab.spec.kinds`), the prediction targets
+    (:mod:`ckptlab.prediction.targets`) and :mod:`ckptlab.spec.experiment`, so the
     frontend never spells a status, a strategy, a model kind, an axis or a field bound of its
     own. The tables are read when asked: a kind or strategy registered since start-up is in it."""
     return MetaPublic(
@@ -49,4 +51,5 @@ def meta(settings: SettingsDep) -> MetaPublic:
         spec_schema=ExperimentSpec.model_json_schema(),
         torchvision_architectures=dict(TORCHVISION_ARCHITECTURES),
         hf_architectures={name: arch.public() for name, arch in HF_ARCHITECTURES.items()},
+        targets=[TARGETS[name].public() for name in target_names()],
     )

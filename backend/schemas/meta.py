@@ -9,6 +9,7 @@ from pydantic import BaseModel, Field
 
 from ckptlab.backend.schemas.common import examples
 from ckptlab.domain import MemoryCategory, Status
+from ckptlab.prediction.targets import TARGETS, target_names
 from ckptlab.spec import model_kinds as _builtin_kinds  # noqa: F401  (registers the built-in kinds)
 from ckptlab.spec.kinds import MODEL_KIND_TABLE, model_kind_names
 from ckptlab.spec.presets import PRESETS
@@ -27,8 +28,8 @@ class StatusPublic(BaseModel):
 class MetaPublic(BaseModel):
     """Everything a client needs to build a spec form and label results: statuses, memory
     categories, the model-kind and strategy tables, the choices of each enumerated spec field,
-    the per-step metrics, the chart names, the server's sweep limit and the spec's JSON schema
-    (defaults and bounds)."""
+    the per-step metrics, the chart names, the server's sweep limit, the spec's JSON schema
+    (defaults and bounds) and the prediction targets."""
 
     model_config = examples(
         {
@@ -56,6 +57,7 @@ class MetaPublic(BaseModel):
                     "fields": {"hidden_size": {"type": "int", "default": 4096, "minimum": 8, "maximum": 16384}},
                 }
             },
+            "targets": [TARGETS[name].public() for name in target_names()][:2],
         }
     )
 
@@ -90,4 +92,9 @@ class MetaPublic(BaseModel):
     )
     hf_architectures: dict[str, dict[str, Any]] = Field(
         description="model kind hf: each architecture's family, blocks and config fields (type, default, bounds)"
+    )
+    targets: list[dict[str, Any]] = Field(
+        description="the devices a prediction can name (POST /api/predictions target), cpu first, then by "
+        "capacity: name, label, device, capacity_bytes, compute_capability, block_bytes, "
+        "cublas_workspace_bytes, context_bytes, verified (a scripts/gpu-check run measured it)"
     )

@@ -14,6 +14,9 @@ Ids are 64-bit on both databases (:data:`Id`).
 - ``step_rollups``: a multi-resolution summary of each attempt's steps (per level ``k``,
   per bucket of ``2**k`` steps, per series metric: count, min and max with their steps,
   first and last), written with the steps; see :mod:`ckptlab.db.rollups`.
+- ``predictions``: one "will it fit?" prediction of a spec for a target device
+  (:mod:`ckptlab.prediction.targets`): the spec, the target, its outcome
+  (:data:`PREDICTION_STATUSES`), the predicted summary and the error text.
 """
 
 from __future__ import annotations
@@ -48,6 +51,8 @@ __all__ = [
     "Base",
     "Experiment",
     "ExperimentEvent",
+    "Prediction",
+    "PREDICTION_STATUSES",
     "Step",
     "StepRollup",
     "Sweep",
@@ -138,6 +143,58 @@ class Experiment(Base):
         """The ``spec`` column as an :class:`~ckptlab.spec.experiment.ExperimentSpec`, or None
         when it no longer validates (a row written by another version, or edited by hand);
         never raises."""
+        try:
+            return ExperimentSpec.model_validate(self.spec)
+        except ValueError:  # pydantic.ValidationError is a ValueError
+            return None
+
+
+#: The statuses a prediction is stored with: it is stored once finished, never queued.
+PREDICTION_STATUSES: tuple[Status, ...] = (Status.SUCCEEDED, Status.FAILED, Status.TIMED_OUT)
+
+
+class Prediction(Base):
+    """One "will it fit?" prediction: a spec's training step predicted for a target device
+    (``POST /api/predictions``, ``ckptlab predict``, ``ckptlab.predict``), stored once it has
+    an outcome. Bytes in the summary, seconds in ``elapsed_s``, timestamps UTC."""
+
+    __tablename__ = "predictions"
+    __table_args__ = (
+        CheckConstraint(
+            "status IN (" + ", ".join(f"'{s.value}'" for s in PREDICTION_STATUSES) + ")",
+            name="ck_predictions_status",
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(Id, primary_key=True)
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    #: A name of the targets table (:func:`ckptlab.prediction.targets.target_names`).
+    target: Mapped[str] = mapped_column(String(64), index=True)
+    #: The capacity the verdict was taken against when given (bytes); None: the target's.
+    capacity_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    #: The predicted :class:`~ckptlab.summary.RunSummary` (its ``dump()``), when it succeeded.
+    summary: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    #: Seconds the prediction took (for a batch: this target's share of its process).
+    elapsed_s: Mapped[float | None] = mapped_column(Float)
+    model_kind: Mapped[str] = mapped_column(String(32))
+    strategy: Mapped[str] = mapped_column(String(32))
+
+    # The store's edge, as Experiment's: the JSON columns parsed once per read.
+
+    @property
+    def run_summary(self) -> RunSummary:
+        """The ``summary`` column as a :class:`~ckptlab.summary.RunSummary`; never raises (a
+        missing or corrupt column reads as an empty summary, a corrupt key as its default)."""
+        return RunSummary.load(self.summary)
+
+    @property
+    def experiment_spec(self) -> ExperimentSpec | None:
+        """The ``spec`` column as an :class:`~ckptlab.spec.experiment.ExperimentSpec`, or None
+        when it no longer validates; never raises."""
         try:
             return ExperimentSpec.model_validate(self.spec)
         except ValueError:  # pydantic.ValidationError is a ValueError

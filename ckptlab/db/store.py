@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import numpy as np
@@ -19,12 +20,13 @@ from sqlalchemy.orm import Session, selectinload
 
 from ckptlab.db.database import is_postgresql, placeholder
 from ckptlab.db.events import record_events
-from ckptlab.db.models import Experiment, Step, Sweep, utcnow
+from ckptlab.db.models import PREDICTION_STATUSES, Experiment, Prediction, Step, Sweep, utcnow
 from ckptlab.db.queue import WORKER_LOST
 from ckptlab.db.rollups import add_rollup
 from ckptlab.domain import SERIES_METRICS, STEP_FIELDS, Status
 from ckptlab.spec.experiment import ExperimentSpec
 from ckptlab.spec.sweeps import SweepPlan
+from ckptlab.summary import RunSummary
 
 __all__ = [
     "create_experiment",
@@ -38,6 +40,9 @@ __all__ = [
     "Attempt",
     "create_sweep",
     "get_sweep",
+    "create_prediction",
+    "get_prediction",
+    "list_predictions",
 ]
 
 
@@ -324,3 +329,90 @@ def get_sweep(session: Session, *, sweep_id: int) -> Sweep | None:
         .options(selectinload(Sweep.experiments))
         .execution_options(populate_existing=True)
     ).first()
+
+
+def create_prediction(
+    session: Session,
+    *,
+    spec: ExperimentSpec,
+    target: str,
+    status: Status,
+    capacity_bytes: int | None = None,
+    summary: RunSummary | None = None,
+    error: str | None = None,
+    created_at: datetime | None = None,
+    finished_at: datetime | None = None,
+    elapsed_s: float | None = None,
+    commit: bool = True,
+) -> Prediction:
+    """Store one finished prediction (``predictions``) and, by default, commit.
+
+    Args:
+        spec: the validated spec predicted.
+        target: the target's name (not checked here: the callers validate it).
+        status: how it ended, one of :data:`ckptlab.db.models.PREDICTION_STATUSES`.
+        capacity_bytes: the capacity the verdict was taken against when given (bytes).
+        summary: the predicted summary (stored as its ``dump()``), when it succeeded.
+        error: one sentence saying why it did not succeed.
+        created_at, finished_at: UTC; default now (``finished_at``: now).
+        elapsed_s: seconds it took.
+        commit: False leaves the transaction open (a batch stores its rows in one).
+
+    Raises:
+        ValueError: ``status`` is not a prediction's status (the CHECK constraint would
+            refuse it too).
+    """
+    if status not in PREDICTION_STATUSES:
+        raise ValueError(f"a prediction is {', '.join(PREDICTION_STATUSES)}, not {status!r}")
+    now = utcnow()
+    row = Prediction(
+        spec=spec.model_dump(mode="json"),
+        target=target,
+        capacity_bytes=capacity_bytes,
+        status=Status(status),
+        summary=summary.dump() if summary is not None else None,
+        error=error,
+        created_at=created_at or now,
+        finished_at=finished_at or now,
+        elapsed_s=elapsed_s,
+        model_kind=spec.model.kind,
+        strategy=spec.checkpoint.strategy,
+    )
+    session.add(row)
+    session.flush()
+    if commit:
+        session.commit()
+    return row
+
+
+def get_prediction(session: Session, *, prediction_id: int) -> Prediction | None:
+    """One prediction, or None."""
+    return session.get(Prediction, prediction_id)
+
+
+def list_predictions(
+    session: Session,
+    *,
+    target: str | None = None,
+    status: Status | None = None,
+    model_kind: str | None = None,
+    offset: int = 0,
+    limit: int | None = 100,
+) -> tuple[list[Prediction], int]:
+    """Predictions matching every filter given, newest first, and how many match in all.
+
+    Args:
+        target, status, model_kind: keep only these (None: any).
+        offset, limit: the page; ``limit=None`` returns every match (the export's rows).
+    """
+    where = []
+    if target is not None:
+        where.append(Prediction.target == target)
+    if status is not None:
+        where.append(Prediction.status == status)
+    if model_kind is not None:
+        where.append(Prediction.model_kind == model_kind)
+    q = select(Prediction).where(*where).order_by(Prediction.id.desc()).offset(offset)
+    rows = session.scalars(q if limit is None else q.limit(limit)).all()
+    count = session.scalar(select(func.count()).select_from(Prediction).where(*where)) or 0
+    return list(rows), count

@@ -62,7 +62,9 @@ def estimate_fixed_bytes(spec: ExperimentSpec) -> int | None:
     return params * PARAM_BYTES * (2 + OPTIMIZER_STATES_PER_PARAM[spec.optimizer])
 
 
-def limit_errors(spec: ExperimentSpec, settings: Settings, *, loc: tuple[str | int, ...] = ("body",)) -> list[dict]:
+def limit_errors(
+    spec: ExperimentSpec, settings: Settings, *, loc: tuple[str | int, ...] = ("body",), allocates: bool = True
+) -> list[dict]:
     """The ways ``spec`` exceeds the configured limits, as FastAPI validation errors.
 
     Args:
@@ -74,6 +76,11 @@ def limit_errors(spec: ExperimentSpec, settings: Settings, *, loc: tuple[str | i
             point must be installed and torchvision must import here; a python target must be
             in ``allowed_model_targets``, compared as text: nothing is imported).
         loc: prefix of each error's location (default ``("body",)``).
+        allocates: False for a prediction, which runs on fake tensors and allocates no
+            parameter, gradient or optimizer memory: ``max_param_count`` and the fixed-memory
+            check protect a worker's memory and are skipped (a prediction's own bounds are
+            ``prediction_memory_bytes`` and ``prediction_timeout_s``); the step, batch and
+            model-kind checks apply as for a run.
 
     Returns:
         A list of ``{"type": "limit", "loc": [...], "msg": ..., "input": ...}`` dicts, empty
@@ -99,6 +106,12 @@ def limit_errors(spec: ExperimentSpec, settings: Settings, *, loc: tuple[str | i
             spec.batch_size,
             f"batch_size ({spec.batch_size}) exceeds this server's limit of {settings.max_batch_size}",
         )
+    entry = MODEL_KIND_TABLE.get(spec.model.kind)
+    if entry is not None and entry.check is not None:
+        for field, value, msg in entry.check(spec.model, settings):
+            err(("model", field), value, msg)
+    if not allocates:
+        return errors
     params = estimate_param_count(spec)
     if params is not None and params > settings.max_param_count:
         err(
@@ -106,10 +119,6 @@ def limit_errors(spec: ExperimentSpec, settings: Settings, *, loc: tuple[str | i
             spec.model.kind,
             f"the model has {params:,} parameters, over this server's limit of {settings.max_param_count:,}",
         )
-    entry = MODEL_KIND_TABLE.get(spec.model.kind)
-    if entry is not None and entry.check is not None:
-        for field, value, msg in entry.check(spec.model, settings):
-            err(("model", field), value, msg)
     fixed = estimate_fixed_bytes(spec)
     if fixed is not None and fixed > settings.worker_memory_bytes:
         err(

@@ -57,7 +57,7 @@ from ckptlab.planning.planner import BlockProfile, ChainPlan, NoPlanFits, Segmen
 from ckptlab.spec.experiment import ExperimentSpec
 from ckptlab.strategies import BASELINE
 from ckptlab.worker.engine.block_profile import BlockRecorder, profile_record
-from ckptlab.worker.engine.training import autocast_for, build_checkpointed, make_optimizer
+from ckptlab.worker.engine.training import FakeRun, autocast_for, build_checkpointed, make_optimizer
 from ckptlab.worker.errors import RunError
 from ckptlab.worker.measure.meter import Meter, optimizer_tensors, storage_bytes
 from ckptlab.worker.models.base import Built
@@ -125,13 +125,19 @@ def fixed_bytes_before_running(spec: ExperimentSpec, module: torch.nn.Module) ->
     return params + grads + state, words
 
 
-def plan_for_budget(spec: ExperimentSpec, dev: torch.device, build: Callable[[], Built] | None) -> BudgetPlan:
+def plan_for_budget(
+    spec: ExperimentSpec, dev: torch.device, build: Callable[[], Built] | None, fake: FakeRun | None = None
+) -> BudgetPlan:
     """Profile a copy of the model and plan for ``spec.checkpoint.budget_bytes``.
+
+    ``fake``: profile on fake tensors (a prediction: the caller has entered the fake mode)
+    with its meter, clock and optimizer (:class:`ckptlab.worker.engine.training.FakeRun`).
 
     Raises:
         RunError: no plan fits: the budget is below the fixed memory (found before any
-            step runs), or below the smallest reachable peak, or below the optimizer
-            step's own peak; the message gives the smallest reachable peak and why.
+            step runs; ``details``: ``budget_bytes``, ``fixed_bytes``, ``param_count``), or
+            below the smallest reachable peak, or below the optimizer step's own peak; the
+            message gives the smallest reachable peak and why.
     """
     t0 = time.perf_counter()
     budget = spec.checkpoint.budget_bytes
@@ -139,22 +145,26 @@ def plan_for_budget(spec: ExperimentSpec, dev: torch.device, build: Callable[[],
     baseline = spec.checkpoint.model_copy(update={"strategy": BASELINE})
     unplanned = spec.model_copy(update={"checkpoint": baseline})
     torch.manual_seed(spec.seed)
-    meter = Meter(dev, None)
+    meter = fake.new_meter() if fake is not None else Meter(dev, None)
     with meter.mode():
-        built = build_checkpointed(unplanned, dev, build=build)
+        built = build_checkpointed(unplanned, dev, build=build, fake=fake is not None)
         fixed, words = fixed_bytes_before_running(spec, built.module)
         if fixed >= budget:
             raise RunError(
                 f"no plan fits a budget of {format_bytes(budget)}: {words} alone are {format_bytes(fixed)}, "
                 "before any activation; checkpointing cannot help: use a smaller model, an optimizer with "
                 "less state (sgd) or a larger budget",
-                details={"budget_bytes": budget, "fixed_bytes": fixed},
+                details={
+                    "budget_bytes": budget,
+                    "fixed_bytes": fixed,
+                    "param_count": sum(p.numel() for p in built.module.parameters()),
+                },
             )
-        step = _profile_step(spec, dev, meter, built)
+        step = _profile_step(spec, dev, meter, built, fake)
     state = storage_bytes(optimizer_tensors(step.optimizer))
     # What each checkpoint's RNG state adds where the meter counts it (issue 19: the CPU
     # tracker counts torch.get_rng_state()'s tensors; CUDA's allocator never holds them).
-    rng_bytes = torch.get_rng_state().nbytes if meter.exact and spec.checkpoint.preserve_rng_state else 0
+    rng_bytes = torch.get_rng_state().nbytes if meter.counts_rng_states and spec.checkpoint.preserve_rng_state else 0
     profiles, model, tail_peak = _memory_model(spec, step, state, rng_bytes)
     fixed = model["fixed_bytes"]
     opt_peak = step.optimizer_peak_bytes
@@ -264,11 +274,14 @@ class _ProfileStep:
     side_freed_bytes: int = 0  # the blocks' other arguments, freed by the end of forward
 
 
-def _profile_step(spec: ExperimentSpec, dev: torch.device, meter: Meter, built: Built) -> _ProfileStep:
+def _profile_step(
+    spec: ExperimentSpec, dev: torch.device, meter: Meter, built: Built, fake: FakeRun | None = None
+) -> _ProfileStep:
     """One un-checkpointed step with every block recorded
-    (:class:`ckptlab.worker.engine.block_profile.BlockRecorder`)."""
+    (:class:`ckptlab.worker.engine.block_profile.BlockRecorder`; on fake tensors with
+    ``fake``'s clock and optimizer)."""
     probe = meter.probe
-    opt = make_optimizer(spec, list(built.module.parameters()))
+    opt = make_optimizer(spec, list(built.module.parameters()), foreach=fake.foreach if fake else None)
     autocast = autocast_for(spec, dev)
     x, y = built.make_batch(spec.batch_size, torch.Generator().manual_seed(spec.seed))
     x, y = x.to(dev), y.to(dev)
@@ -280,7 +293,8 @@ def _profile_step(spec: ExperimentSpec, dev: torch.device, meter: Meter, built: 
     meter.sync()
     probe.reset_peak()
     start = probe.live_bytes
-    with BlockRecorder(built.blocks, meter, tail=True) as recorder:
+    clock = fake.clock if fake is not None else time.perf_counter
+    with BlockRecorder(built.blocks, meter, tail=True, clock=clock) as recorder:
         with autocast():
             out = built.module(x)
         loss = built.loss_fn(out, y) / spec.grad_accum_steps

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -62,6 +63,8 @@ class BlockRecorder:
         tail: read the tail (:attr:`tail_live`, :attr:`tail_top`; default False). On CUDA
             that resets the allocator's peak mid-backward: only for a step whose peak the
             caller reads as ``max(peak_before_tail, peak)`` (the planner's profile step).
+        clock: what ``forward_ms`` is read with, in seconds (default ``time.perf_counter``;
+            a prediction's proxy on fake tensors, :class:`ckptlab.worker.engine.training.FakeRun`).
 
     Attributes:
         first_live: live bytes when the first block started (the stem's end), or None.
@@ -79,8 +82,14 @@ class BlockRecorder:
             arguments until its backward, an un-checkpointed block only what it saved.
     """
 
-    def __init__(self, blocks: nn.Sequential | nn.ModuleList, meter: Meter, tail: bool = False):
-        self.blocks, self.meter, self.probe, self.tail = blocks, meter, meter.probe, tail
+    def __init__(
+        self,
+        blocks: nn.Sequential | nn.ModuleList,
+        meter: Meter,
+        tail: bool = False,
+        clock: Callable[[], float] = time.perf_counter,
+    ):
+        self.blocks, self.meter, self.probe, self.tail, self.clock = blocks, meter, meter.probe, tail, clock
         self.windowed = hasattr(self.probe, "reset_window")
         self.first_live: int | None = None
         self.blocks_backward_live: int | None = None
@@ -133,7 +142,7 @@ class BlockRecorder:
             hidden = args[0] if args else next(iter(kwargs.values()), None)
             if i == 0:
                 self.first_live = self.probe.live_bytes
-            self._seen[i] = (self.probe.live_bytes, time.perf_counter(), tensor_bytes(hidden))
+            self._seen[i] = (self.probe.live_bytes, self.clock(), tensor_bytes(hidden))
             self._in_storage = {hidden.untyped_storage()._cdata} if isinstance(hidden, torch.Tensor) else set()
             if self.windowed:
                 self.probe.reset_window()
@@ -168,7 +177,7 @@ class BlockRecorder:
                 retained_bytes=after - live,
                 forward_bytes=max(top - after, 0),
                 input_bytes=in_bytes,
-                forward_ms=(time.perf_counter() - start) * 1e3,
+                forward_ms=(self.clock() - start) * 1e3,
                 output_bytes=tensor_bytes(hidden),
                 param_bytes=storage_bytes(p for p in module.parameters() if p.requires_grad),
             )

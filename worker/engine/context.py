@@ -17,7 +17,7 @@ from ckptlab.spec.experiment import ExperimentSpec
 from ckptlab.strategies import BASELINE, Strategy, get_strategy
 from ckptlab.worker.engine.block_profile import BlockRecorder
 from ckptlab.worker.engine.step import instrumented_step, timed_step
-from ckptlab.worker.engine.training import autocast_for, build_checkpointed, make_optimizer
+from ckptlab.worker.engine.training import FakeRun, autocast_for, build_checkpointed, make_optimizer
 from ckptlab.worker.measure.meter import Meter, memory_is_flat, tag_optimizer_state
 from ckptlab.worker.models.base import Built
 
@@ -43,6 +43,8 @@ class RunContext:
         meter: the run's meter (memory and time readings).
         where: the phase and step the run is in, updated as it goes.
         on_step: called with each step's record.
+        fake: the switches of a run on fake tensors (a prediction,
+            :class:`ckptlab.worker.engine.training.FakeRun`); None for a real run.
     """
 
     def __init__(
@@ -53,9 +55,10 @@ class RunContext:
         meter: Meter,
         where: dict[str, Any],
         on_step: StepCallback | None,
+        fake: FakeRun | None = None,
     ):
         self.spec, self.strategy, self.dev, self.meter = spec, strategy, dev, meter
-        self.where, self.on_step = where, on_step
+        self.where, self.on_step, self.fake = where, on_step, fake
         self.autocast = autocast_for(spec, dev)
         self.scaler = torch.amp.GradScaler(dev.type) if spec.amp == "fp16" else None
         self.gen = torch.Generator().manual_seed(spec.seed)
@@ -74,13 +77,14 @@ class RunContext:
         meter = self.meter
         self._build = build
         meter.set_category(MemoryCategory.PARAMETERS)
+        fake = self.fake
         self.built = build_checkpointed(
-            self.spec, self.dev, on_recompute=meter.on_recompute, build=build, ranges=ranges
+            self.spec, self.dev, on_recompute=meter.on_recompute, build=build, ranges=ranges, fake=fake is not None
         )
         self.params = list(self.built.module.parameters())
         meter.retag(list(self.params) + list(self.built.module.buffers()), MemoryCategory.PARAMETERS)
         meter.set_category(MemoryCategory.OTHER)
-        self.opt = make_optimizer(self.spec, self.params)
+        self.opt = make_optimizer(self.spec, self.params, foreach=fake.foreach if fake else None)
         tag_optimizer_state(self.opt, meter)
         for p in self.params:
             p.register_post_accumulate_grad_hook(lambda q: meter.retag([q.grad], MemoryCategory.GRADIENTS))
@@ -119,7 +123,8 @@ class RunContext:
             if step == 1 and self.strategy.name == BASELINE:
                 # The baseline's blocks, recorded once: what each keeps and passes on (the
                 # expected curve of a segments sweep, issue 23).
-                with BlockRecorder(self.built.blocks, self.meter) as recorder:
+                clock = self.fake.clock if self.fake else time.perf_counter
+                with BlockRecorder(self.built.blocks, self.meter, clock=clock) as recorder:
                     self.records.append(instrumented_step(self))
                 self.block_profile = recorder.public()
             else:

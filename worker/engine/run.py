@@ -39,9 +39,9 @@ import torch
 
 from ckptlab.analysis.explain import findings, peak_sentence
 from ckptlab.spec.experiment import ExperimentSpec
-from ckptlab.strategies import get_strategy
+from ckptlab.strategies import Strategy, get_strategy
 from ckptlab.summary import RunSummary
-from ckptlab.worker.engine.autoplan import plan_for_budget
+from ckptlab.worker.engine.autoplan import BudgetPlan, plan_for_budget
 from ckptlab.worker.engine.context import RunContext, StepCallback
 from ckptlab.worker.engine.gradcheck import verify_gradients
 from ckptlab.worker.engine.summarize import finite_or_none, summarize
@@ -52,7 +52,15 @@ from ckptlab.worker.measure.memory import SimulatedOutOfMemoryError
 from ckptlab.worker.measure.meter import Meter
 from ckptlab.worker.models.base import Built
 
-__all__ = ["resolve_device", "run_experiment", "verify_gradients", "environment", "StepCallback"]
+__all__ = [
+    "resolve_device",
+    "run_experiment",
+    "conclude",
+    "model_copies",
+    "verify_gradients",
+    "environment",
+    "StepCallback",
+]
 
 
 def run_experiment(
@@ -107,7 +115,7 @@ def run_experiment(
     where = {"phase": "setup", "step": 0}
     meter: Meter | None = None
     planned = None
-    build = _copies(model, spec) if model is not None else None
+    build = model_copies(model, spec) if model is not None else None
     with warnings.catch_warnings(record=True) as wlist:
         warnings.simplefilter("always")
 
@@ -153,6 +161,16 @@ def run_experiment(
             raise RunError(f"{type(exc).__name__}: {exc}", warnings=warnings_so_far()) from exc
         caught = warnings_so_far()
     summary = RunSummary.model_validate({**summary.dump(), **finite_or_none(check)})
+    return conclude(summary, spec, strategy, planned, caught)
+
+
+def conclude(
+    summary: RunSummary, spec: ExperimentSpec, strategy: Strategy, planned: BudgetPlan | None, caught: list[str]
+) -> RunSummary:
+    """``summary`` with what follows from its figures set on it: the plan of strategy
+    ``auto`` (``plan``, ``budget_bytes``, ``predicted_peak_bytes``), the findings, the peak
+    sentence, and the warnings (``caught``, then the findings'). Shared by the real run and
+    the prediction (:mod:`ckptlab.worker.predict`)."""
     if planned is not None:
         summary.plan = planned.summary()
         summary.budget_bytes = planned.budget_bytes
@@ -163,7 +181,7 @@ def run_experiment(
     return summary
 
 
-def _copies(model: Built, spec: ExperimentSpec) -> Callable[[], Built]:
+def model_copies(model: Built, spec: ExperimentSpec) -> Callable[[], Built]:
     """Fresh deep copies of a model in hand (same weights each call: the gradient check
     builds two, the engine one).
 

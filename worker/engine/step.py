@@ -14,6 +14,7 @@ import torch
 from ckptlab.domain import MemoryCategory
 from ckptlab.spec.experiment import ExperimentSpec
 from ckptlab.summary import StepRecord
+from ckptlab.worker.engine.training import FakeRun
 from ckptlab.worker.measure.memory import CATEGORIES
 from ckptlab.worker.measure.meter import Meter, optimizer_tensors
 from ckptlab.worker.models.base import Built
@@ -34,6 +35,7 @@ class StepContext(Protocol):
     autocast: Callable[[], Any]
     gen: torch.Generator
     where: dict[str, Any]
+    fake: FakeRun | None
 
 
 def _optimizer_step(opt: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None) -> None:
@@ -88,7 +90,8 @@ def timed_step(run: StepContext) -> dict[str, Any]:
 
 
 def instrumented_step(run: StepContext) -> dict[str, Any]:
-    """One instrumented optimizer step over ``grad_accum_steps`` micro-batches; returns its record."""
+    """One instrumented optimizer step over ``grad_accum_steps`` micro-batches; returns its
+    record (its ``loss`` None on fake tensors, which hold no values)."""
     spec, dev, meter, built, params, opt = run.spec, run.dev, run.meter, run.built, run.params, run.opt
     scaler, autocast, gen, where = run.scaler, run.autocast, run.gen, run.where
     probe = meter.probe
@@ -135,7 +138,8 @@ def instrumented_step(run: StepContext) -> dict[str, Any]:
         t1 = time.perf_counter()
         (scaler.scale(loss) if scaler is not None else loss).backward()
         phase_end("backward", t1)
-        loss_total += float(loss.detach().float())
+        if run.fake is None:
+            loss_total += float(loss.detach().float())
         del out, loss, x, y
 
     missing = sum(p.grad is None for p in params)
@@ -164,7 +168,7 @@ def instrumented_step(run: StepContext) -> dict[str, Any]:
         allocated_bytes=first["allocated"],
         peak_allocated_bytes=step_peak,
         reserved_bytes=probe.reserved_bytes if meter.cuda else None,
-        loss=loss_total,
+        loss=loss_total if run.fake is None else None,
         extra={
             "activation_bytes": first["activation_bytes"],
             "rng_state_bytes": first["rng_state_bytes"],

@@ -1,13 +1,15 @@
 """Building blocks of a training step shared by the engine, the gradient check and the
 benchmarks: the device and its environment, the checkpointed model, its optimizer and its
-autocast context."""
+autocast context; and what a run on fake tensors does otherwise (:class:`FakeRun`)."""
 
 from __future__ import annotations
 
 import contextlib
 import platform
 import socket
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -15,10 +17,45 @@ import torch
 from ckptlab.spec.experiment import ExperimentSpec
 from ckptlab.worker.engine.strategies import apply_strategy
 from ckptlab.worker.errors import RunError
+from ckptlab.worker.measure.meter import Meter
 from ckptlab.worker.models.base import Built
 from ckptlab.worker.models.build import build_model
 
-__all__ = ["autocast_for", "make_optimizer", "build_checkpointed", "resolve_device", "check_supported", "environment"]
+__all__ = [
+    "FakeRun",
+    "autocast_for",
+    "make_optimizer",
+    "build_checkpointed",
+    "resolve_device",
+    "check_supported",
+    "environment",
+]
+
+
+@dataclass(frozen=True)
+class FakeRun:
+    """The switches of a run on fake tensors (``torch._subclasses.fake_tensor.FakeTensorMode``,
+    entered by the caller below the meter's tracker): the prediction mode
+    (:mod:`ckptlab.worker.predict`). A real run passes None and none of this happens.
+
+    With it the engine runs its own steps, except that the model is not moved to the
+    device (it is built on the fake CPU, and ``module.to`` cannot swap fake parameters:
+    "_apply(): Couldn't swap Linear.weight"), losses are not read (a fake scalar has no
+    value: the records' ``loss`` is None), and strategy ``auto`` profiles with the meter
+    and clock given here.
+
+    Attributes:
+        new_meter: makes the meter a profile or a pass reads (its tracker set up for the
+            predicted device: rounding, RNG states, event log).
+        clock: what a block's forward time is read with (seconds, as
+            ``time.perf_counter``): fake tensors run no kernels, so a stated proxy.
+        foreach: the optimizer's ``foreach`` (True: what PyTorch picks for CUDA tensors,
+            whose temporaries span every parameter); None: PyTorch's default.
+    """
+
+    new_meter: Callable[[], Meter]
+    clock: Callable[[], float] = time.perf_counter
+    foreach: bool | None = None
 
 
 def autocast_for(spec: ExperimentSpec, dev: torch.device) -> Callable[[], contextlib.AbstractContextManager]:
@@ -30,13 +67,17 @@ def autocast_for(spec: ExperimentSpec, dev: torch.device) -> Callable[[], contex
     return lambda: torch.autocast(dev.type, dtype=dtype)
 
 
-def make_optimizer(spec: ExperimentSpec, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
-    """The spec's optimizer over ``params``: Adam / AdamW (lr 1e-4) or SGD (lr 1e-3)."""
+def make_optimizer(
+    spec: ExperimentSpec, params: list[torch.nn.Parameter], foreach: bool | None = None
+) -> torch.optim.Optimizer:
+    """The spec's optimizer over ``params``: Adam / AdamW (lr 1e-4) or SGD (lr 1e-3);
+    ``foreach`` is passed on when given (None: PyTorch's default for the device)."""
+    extra = {"foreach": foreach} if foreach is not None else {}
     if spec.optimizer == "adam":
-        return torch.optim.Adam(params, lr=1e-4)
+        return torch.optim.Adam(params, lr=1e-4, **extra)
     if spec.optimizer == "adamw":
-        return torch.optim.AdamW(params, lr=1e-4)
-    return torch.optim.SGD(params, lr=1e-3)
+        return torch.optim.AdamW(params, lr=1e-4, **extra)
+    return torch.optim.SGD(params, lr=1e-3, **extra)
 
 
 def build_checkpointed(
@@ -45,14 +86,16 @@ def build_checkpointed(
     on_recompute=None,
     build: Callable[[], Built] | None = None,
     ranges: list[tuple[int, int]] | None = None,
+    fake: bool = False,
 ) -> Built:
     """The spec's model seeded with ``spec.seed`` (or ``build()``'s, a model in hand), on
     ``dev`` in train mode, with the spec's checkpointing applied to its blocks
     (``on_recompute`` is called around each recomputation, see
-    :func:`ckptlab.worker.engine.strategies.apply_strategy`)."""
+    :func:`ckptlab.worker.engine.strategies.apply_strategy`). ``fake``: the model was built
+    on the fake CPU and stays there (see :class:`FakeRun`)."""
     torch.manual_seed(spec.seed)
     built = build() if build is not None else build_model(spec.model)
-    built.module.to(dev).train()
+    (built.module if fake else built.module.to(dev)).train()
     apply_strategy(built.blocks, spec.checkpoint, device=dev, on_recompute=on_recompute, ranges=ranges)
     return built
 

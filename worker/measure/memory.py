@@ -5,12 +5,21 @@ created while it is active and subtracts it when the storage is freed, the metho
 ``torch.distributed._tools.mem_tracker.MemTracker`` (a ``TorchDispatchMode`` plus a weak
 reference per storage). Unlike RSS it ignores allocator caching: it is the byte count the
 CUDA caching allocator would report as "allocated" (without its 512-byte rounding).
+
+For a prediction (:mod:`ckptlab.worker.predict`, tensors without memory under
+``FakeTensorMode``) the tracker can also round every allocation up as a device's allocator
+does (``block_bytes``: 512 on CUDA), leave out the CPU RNG states (host memory on CUDA),
+log each allocation and free in order (``events``, replayed through an allocator model),
+and leave out what is made inside :meth:`LiveTensorTracker.untracked` (host copies). With
+the defaults it counts exactly as described above.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import weakref
+from collections.abc import Iterator
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -61,6 +70,13 @@ class LiveTensorTracker(TorchDispatchMode):
     Args:
         limit_bytes: if set, raise :class:`SimulatedOutOfMemoryError` as soon as live bytes
             exceed it (emulates a smaller device). Default: None.
+        block_bytes: count each storage rounded up to a multiple of this many bytes, as
+            the CUDA caching allocator rounds its blocks (512); 1: exact bytes. Default: 1.
+        count_rng_states: count the RNG states ``torch.get_rng_state`` returns (see below);
+            False where they are not device memory (a CUDA run's). Default: True.
+        events: a list to append ``(key, bytes)`` to at each counted allocation and
+            ``(key, -bytes)`` at its free, in order (bytes as counted, rounded); None: no
+            log. Default: None.
 
     Attributes:
         live_bytes: bytes of tracked storages alive now.
@@ -68,6 +84,7 @@ class LiveTensorTracker(TorchDispatchMode):
         by_category: live bytes per category now.
         peak_by_category: ``by_category`` as it was at ``peak_bytes``.
         window_peak_bytes: highest ``live_bytes`` since :meth:`reset_window`.
+        high_water_bytes: highest ``live_bytes`` since construction (never reset).
         category: category given to new storages (default ``other``).
         rng_state_bytes: bytes of live RNG states among ``live_bytes`` (see below).
 
@@ -85,12 +102,22 @@ class LiveTensorTracker(TorchDispatchMode):
         them. Storages resized in place after creation keep their creation size.
     """
 
-    def __init__(self, limit_bytes: int | None = None):
+    def __init__(
+        self,
+        limit_bytes: int | None = None,
+        *,
+        block_bytes: int = 1,
+        count_rng_states: bool = True,
+        events: list[tuple[int, int]] | None = None,
+    ):
         super().__init__()
+        self.block_bytes, self.count_rng_states, self.events = block_bytes, count_rng_states, events
+        self._paused = 0
         self.live_bytes = 0
         self.rng_state_bytes = 0
         self.peak_bytes = 0
         self.window_peak_bytes = 0
+        self.high_water_bytes = 0
         self.limit_bytes = limit_bytes
         self.category = MemoryCategory.OTHER.value
         self.by_category = dict.fromkeys(CATEGORIES, 0)
@@ -104,6 +131,8 @@ class LiveTensorTracker(TorchDispatchMode):
     def __enter__(self):
         inner = torch.get_rng_state
         self._unwrapped_get_rng_state.append(inner)
+        if not self.count_rng_states:
+            return super().__enter__()
 
         def get_rng_state() -> torch.Tensor:
             state = inner()
@@ -134,6 +163,18 @@ class LiveTensorTracker(TorchDispatchMode):
             self.by_category[info.category] -= info.nbytes
             if info.rng_state:
                 self.rng_state_bytes -= info.nbytes
+            if self.events is not None:
+                self.events.append((key, -info.nbytes))
+
+    @contextlib.contextmanager
+    def untracked(self) -> Iterator[None]:
+        """Storages made inside are not counted (host copies of a device's tensors: a
+        prediction's ``save_on_cpu``)."""
+        self._paused += 1
+        try:
+            yield
+        finally:
+            self._paused -= 1
 
     def track(self, t: torch.Tensor) -> None:
         """Count ``t``'s storage if it is not counted yet.
@@ -143,10 +184,15 @@ class LiveTensorTracker(TorchDispatchMode):
         """
         st = t.untyped_storage()
         key = st._cdata
-        if key in self._live or t.device.type == "meta":
+        if key in self._live or t.device.type == "meta" or self._paused:
             return
-        info = _Info(st.nbytes(), self.category)
+        nbytes = st.nbytes()
+        if self.block_bytes > 1:  # the device allocator's rounding (0 bytes: no block at all)
+            nbytes = -(-nbytes // self.block_bytes) * self.block_bytes
+        info = _Info(nbytes, self.category)
         self._live[key] = (weakref.ref(st, functools.partial(self._on_free, key)), info)
+        if self.events is not None:
+            self.events.append((key, nbytes))
         self.live_bytes += info.nbytes
         self.by_category[info.category] += info.nbytes
         if self.live_bytes > self.window_peak_bytes:
@@ -154,6 +200,8 @@ class LiveTensorTracker(TorchDispatchMode):
         if self.live_bytes > self.peak_bytes:
             self.peak_bytes = self.live_bytes
             self.peak_by_category = self.by_category.copy()
+            if self.live_bytes > self.high_water_bytes:
+                self.high_water_bytes = self.live_bytes
         if self.limit_bytes is not None and self.live_bytes > self.limit_bytes:
             raise SimulatedOutOfMemoryError(self.live_bytes, self.limit_bytes)
 

@@ -10,6 +10,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 from ckptlab.domain import MemoryCategory
 from ckptlab.worker.measure.allocator_probe import CpuAllocatorProbe
@@ -43,11 +44,12 @@ READING_EXTRA_KEYS = (
 
 
 def storage_bytes(tensors: Iterator[torch.Tensor]) -> int:
-    """Bytes of the distinct storages behind ``tensors`` (a view counts its storage once)."""
+    """Bytes of the distinct storages behind ``tensors`` (a view counts its storage once; a
+    fake tensor's storage, which has no data pointer, by its identity)."""
     seen: dict[int, int] = {}
     for t in tensors:
         st = t.untyped_storage()
-        seen[st.data_ptr() or id(st)] = st.nbytes()
+        seen[id(st) if is_fake(t) else st.data_ptr() or id(st)] = st.nbytes()
     return sum(seen.values())
 
 
@@ -70,13 +72,23 @@ class Meter:
             (:class:`ckptlab.worker.measure.allocator_probe.CpuAllocatorProbe`) instead of tracking tensors:
             for compiled code, which does not run under the tracker's dispatch mode.
             Memory categories are then estimated as on CUDA. Default: False.
+        tracker: on CPU, the live-tensor tracker to read (a prediction's, configured for
+            its target: :mod:`ckptlab.worker.predict`) instead of a new default one.
+            Default: None.
 
     Attributes:
         exact: the readings are the CPU tracker's exact per-tensor counts (with categories).
         source: where the bytes come from, in words (the summary's ``memory_source``).
     """
 
-    def __init__(self, dev: torch.device, limit_bytes: int | None, *, allocator_events: bool = False):
+    def __init__(
+        self,
+        dev: torch.device,
+        limit_bytes: int | None,
+        *,
+        allocator_events: bool = False,
+        tracker: LiveTensorTracker | None = None,
+    ):
         self.dev = dev
         self.cuda = dev.type == "cuda"
         self.exact = not self.cuda and not allocator_events
@@ -86,7 +98,8 @@ class Meter:
         elif allocator_events:
             self.probe, self.source = CpuAllocatorProbe(limit_bytes), "cpu allocator (profiler memory events)"
         else:
-            self.probe, self.source = LiveTensorTracker(limit_bytes=limit_bytes), "live tensors"
+            self.probe = tracker if tracker is not None else LiveTensorTracker(limit_bytes=limit_bytes)
+            self.source = "live tensors"
         #: False during the CPU timing pass: hooks then leave the tracker alone.
         self.tracking = True
         self.recompute_peak = 0
@@ -113,6 +126,12 @@ class Meter:
         ``checkpoint(preserve_rng_state=True)`` keeps (issue 19); 0 where the readings do not
         hold them (CUDA: host memory) or cannot tell them apart (the CPU allocator probe)."""
         return self.probe.rng_state_bytes if self.exact else 0
+
+    @property
+    def counts_rng_states(self) -> bool:
+        """Whether the readings hold the RNG states checkpoints keep (the CPU tracker's,
+        unless it was made without them: a prediction for a CUDA device)."""
+        return self.exact and self.probe.count_rng_states
 
     def sync(self) -> None:
         """Wait for the device (``torch.cuda.synchronize`` on CUDA)."""

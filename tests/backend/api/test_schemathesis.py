@@ -25,6 +25,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from unittest import mock
 
 import schemathesis
 from fastapi.testclient import TestClient
@@ -32,17 +33,24 @@ from hypothesis import HealthCheck, settings
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from ckptlab.backend.app import create_app
+from ckptlab.backend.services.predictions import child as prediction_child
 from ckptlab.settings import Settings
 from tests.factories import spec_dict
 
 EXCLUDED = [positive_data_acceptance]
 
 
+#: Predictions are answered by a stand-in that answers at once: a real one of a generated
+#: spec imports torch and may run for minutes (tests/backend/api/test_predictions.py covers it).
+INSTANT_PREDICTOR = "tests.backend.api.instant_predictor"
+
+
 def _app():
     """The app over a fresh database holding one sweep (so that id 1 exists)."""
     data_dir = Path(tempfile.mkdtemp(prefix="ckptlab-schemathesis-"))
     atexit.register(shutil.rmtree, data_dir, ignore_errors=True)  # after schemathesis stops the app
-    app = create_app(Settings(data_dir=data_dir, database_url=f"sqlite:///{data_dir / 'ckptlab.db'}"))
+    settings = Settings(data_dir=data_dir, database_url=f"sqlite:///{data_dir / 'ckptlab.db'}", prediction_timeout_s=30)
+    app = create_app(settings)
     with TestClient(app) as c:
         body = {"name": "seed", "base": spec_dict(), "axes": {"checkpoint.strategy": ["none", "sequential"]}}
         assert c.post("/api/sweeps", json=body).status_code == 201
@@ -59,7 +67,8 @@ HYPOTHESIS = dict(deadline=None, suppress_health_check=list(HealthCheck), derand
 @schema.parametrize()
 @settings(max_examples=EXAMPLES, **HYPOTHESIS)
 def test_api_never_errors_and_keeps_to_its_schema(case):
-    case.call_and_validate(excluded_checks=EXCLUDED)
+    with mock.patch.object(prediction_child, "CHILD_MODULE", INSTANT_PREDICTOR):
+        case.call_and_validate(excluded_checks=EXCLUDED)
 
 
 class APIWorkflow(schema.exclude(path_regex=r"/snapshot$").as_state_machine()):
@@ -67,6 +76,12 @@ class APIWorkflow(schema.exclude(path_regex=r"/snapshot$").as_state_machine()):
 
     def setup(self) -> None:
         self.app = _app()
+        self.predictor = mock.patch.object(prediction_child, "CHILD_MODULE", INSTANT_PREDICTOR)
+        self.predictor.start()
+
+    def teardown(self) -> None:
+        self.predictor.stop()
+        super().teardown()
 
     def get_call_kwargs(self, case):
         return {"app": self.app}
