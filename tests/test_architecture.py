@@ -59,7 +59,8 @@ ALLOWED: dict[str, set[str]] = {
     "ckptlab.worker.progress_bar": FLOOR,
     "ckptlab.worker.profile": FLOOR | {"ckptlab.worker.models", "ckptlab.worker.service", "ckptlab.worker.predict"},
     "ckptlab.worker.predict_api": FLOOR | {"ckptlab.worker.models", "ckptlab.worker.predict"},
-    "ckptlab.worker.cli": FLOOR | {"ckptlab.worker.service", "ckptlab.worker.progress_bar", "ckptlab.worker.predict_api"},
+    "ckptlab.worker.cli": FLOOR
+    | {"ckptlab.worker.service", "ckptlab.worker.progress_bar", "ckptlab.worker.predict_api"},
     # the backend
     "ckptlab.backend.encoding": FLOOR,
     "ckptlab.backend.middleware": FLOOR,
