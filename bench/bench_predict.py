@@ -10,8 +10,13 @@ and its peak RSS (the child's ``resource.getrusage(RUSAGE_SELF).ru_maxrss``) is 
    target's default, ``ckptlab.worker.predict.default_budget_bytes``): wall time, peak RSS,
    the verdict and its figures. Targets: each <= 60 s and <= 4 GiB RSS.
 2. ``per_block`` on every target of the table.
+3. With ``--sharded``: FSDP2 (``fully_shard`` per block, then the root; one rank traced over
+   a fake process group) at world sizes 8 and 64, ``per_block`` and ``none`` on
+   ``h100-80gb``, for Llama-3-8B and Llama-2-70B (hidden 8192, 80 layers, 64 heads, 8
+   key-value heads, intermediate 28672, vocabulary 32000, sequence 4096): per-rank figures,
+   wall time and peak RSS. Target: each <= 120 s.
 
-Usage: python bench/bench_predict.py [--quick] (``--quick``: 2 layers instead of 32).
+Usage: python bench/bench_predict.py [--quick] [--sharded] (``--quick``: 2 layers).
 Prints Markdown tables. CUDA figures are modelled and unverified (no GPU measured them).
 """
 
@@ -43,14 +48,27 @@ LLAMA3_8B = {
     "vocab_size": 128256,
     "seq_len": 8192,
 }
+LLAMA2_70B = {
+    **LLAMA3_8B,
+    "hidden_size": 8192,
+    "num_hidden_layers": 80,
+    "num_attention_heads": 64,
+    "intermediate_size": 28672,
+    "vocab_size": 32000,
+    "seq_len": 4096,
+}
 BASE = {"batch_size": 1, "steps": 3, "warmup_steps": 1, "amp": "bf16", "optimizer": "adamw", "seed": 0}
 
 
-def request(strategy: str, targets: list[str], layers: int) -> dict[str, Any]:
+def request(
+    strategy: str, targets: list[str], layers: int, base: dict[str, Any] = LLAMA3_8B, world_size: int = 1
+) -> dict[str, Any]:
     """The JSON request ``python -m ckptlab.worker.predict`` reads (auto without a budget:
-    each target's default)."""
-    model = {**LLAMA3_8B, "num_hidden_layers": layers}
-    return {"spec": {**BASE, "model": model, "checkpoint": {"strategy": strategy}}, "targets": targets}
+    each target's default); ``world_size`` above 1: FSDP2 over that many ranks."""
+    spec = {**BASE, "model": {**base, "num_hidden_layers": layers}, "checkpoint": {"strategy": strategy}}
+    if world_size > 1:
+        spec["distributed"] = {"kind": "fsdp2", "world_size": world_size}
+    return {"spec": spec, "targets": targets}
 
 
 #: The child: the entry's main(), then its own peak RSS on stderr's last line.
@@ -110,7 +128,11 @@ def table(rows: list[dict[str, str]]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="2 layers instead of 32")
+    parser.add_argument("--sharded", action="store_true", help="only FSDP2 at world sizes 8 and 64")
     args = parser.parse_args()
+    if args.sharded:
+        sharded(args.quick)
+        return
     layers = 2 if args.quick else LLAMA3_8B["num_hidden_layers"]
     print(f"machine: {platform.processor() or platform.machine()}, {platform.python_version()}, layers {layers}\n")
     rows = []
@@ -124,6 +146,22 @@ def main() -> None:
     answers, wall, rss = predict(request("per_block", target_names(), layers))
     print(f"\nper_block on every target (one child, {wall:.1f} s):\n")
     print(table([{"target": a["target"], **row(a)} for a in answers]))
+
+
+def sharded(quick: bool) -> None:
+    """Part 3 of the module docstring: one child per configuration."""
+    print(f"machine: {platform.processor() or platform.machine()}, {platform.python_version()}\n")
+    rows = []
+    for name, base in (("Llama-3-8B s8192", LLAMA3_8B), ("Llama-2-70B s4096", LLAMA2_70B)):
+        layers = 2 if quick else base["num_hidden_layers"]
+        for world in (8, 64):
+            for strategy in ("per_block", "none"):
+                answers, wall, rss = predict(request(strategy, ["h100-80gb"], layers, base, world))
+                print(f"{name} x{world} {strategy}: {wall:.1f} s, {format_bytes(rss)}", file=sys.stderr)
+                head = {"model": name, "ranks": str(world), "strategy": strategy, "wall": f"{wall:.1f} s"}
+                rows.append({**head, "peak RSS": format_bytes(rss), **row(answers[0])})
+    print("FSDP2 per rank on h100-80gb (one rank traced; CUDA figures modelled, unverified):\n")
+    print(table(rows))
 
 
 if __name__ == "__main__":

@@ -95,6 +95,13 @@ class MemoryCategory(StrEnum):
     ACTIVATIONS = "activations"
     #: Everything else: the input batch, temporaries of backward and the optimizer step (TEMP).
     OTHER = "other"
+    #: FSDP2's all-gathered parameters and their all-gather buffer, alive from a unit's
+    #: all-gather to its reshard (``parameters`` then holds this rank's shards).
+    UNSHARDED_PARAMETERS = "unsharded_parameters"
+    #: Buffers of the gradient collectives: FSDP2's reduce-scatter input (a unit's
+    #: unsharded gradients; this rank's sharded gradient is retagged ``gradients`` once
+    #: assigned) and DDP's all-reduce buckets.
+    COMMUNICATION = "communication"
 
 
 #: Step-time differences estimated below 10% are noise by default: the same work timed in

@@ -93,6 +93,9 @@ class Settings(BaseSettings):
         max_batch_size: most ``batch_size`` a submitted spec may ask for (default 65536).
         max_param_count: most model parameters a submitted spec may build, estimated from
             the spec (:func:`ckptlab.spec.limits.estimate_param_count`; default 1e9).
+        max_world_size: most ranks a submitted sharded run (``distributed.world_size``) may
+            start: each rank is a process of the worker's host with its own interpreter and
+            torch (~0.3 GiB), on CPU ranks for now (default 8). Predictions do not count it.
         max_request_bytes: larger request bodies get 413 (default 1 MiB).
         max_sweep_size: most experiments one sweep may queue, baselines included (default 256).
         sse_poll_interval_s: how often a live stream polls the database, seconds (default 0.15).
@@ -149,6 +152,7 @@ class Settings(BaseSettings):
     max_steps: int = Field(100_000, ge=1)
     max_batch_size: int = Field(65_536, ge=1)
     max_param_count: int = Field(1_000_000_000, ge=1)
+    max_world_size: int = Field(8, ge=1, le=4096)
     max_request_bytes: int = Field(1_048_576, ge=1024)
     max_sweep_size: int = Field(256, ge=1)
     sse_poll_interval_s: float = Field(0.15, gt=0, le=5)

@@ -40,6 +40,7 @@ __all__ = [
     "Strategy",
     "STRATEGIES",
     "BASELINE",
+    "PER_BLOCK",
     "get_strategy",
     "strategy_names",
     "register_strategy",
@@ -198,6 +199,8 @@ _TABLE: dict[str, Strategy] = {}
 STRATEGIES: Mapping[str, Strategy] = MappingProxyType(_TABLE)
 #: The strategy every comparison is made against: keep every activation.
 BASELINE = "none"
+#: The strategy that checkpoints every group of ``every`` blocks (Megatron's "uniform").
+PER_BLOCK = "per_block"
 
 
 def register_strategy(strategy: Strategy) -> Strategy:
@@ -267,7 +270,7 @@ register_strategy(
 )
 register_strategy(
     Strategy(
-        name="per_block",
+        name=PER_BLOCK,
         summary="every N blocks",
         label="per_block (every {every})",
         fields=("every", *_FLAGS),

@@ -18,7 +18,15 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer
 
-__all__ = ["PhaseSpread", "Finding", "PredictionInfo", "RunSummary", "StepRecord"]
+__all__ = [
+    "PhaseSpread",
+    "Finding",
+    "PredictionInfo",
+    "RankFigures",
+    "ShardedGradientCheck",
+    "RunSummary",
+    "StepRecord",
+]
 
 
 class PhaseSpread(BaseModel):
@@ -65,6 +73,34 @@ class PredictionInfo(BaseModel):
     fixed_bytes: int | None = Field(None, description="parameters + gradients + optimizer state at the peak")
     sdpa_backend: str | None = Field(None, description="the attention backend the target runs, when the model has one")
     notes: list[str] = Field(default_factory=list, description="what would change the verdict, and why")
+
+
+class RankFigures(BaseModel):
+    """One rank's memory in a sharded run (bytes), as its own tracker counted it."""
+
+    rank: int = Field(ge=0)
+    peak_allocated_bytes: int | None = None
+    peak_phase: Literal["forward", "backward", "optimizer"] | None = None
+    activation_bytes: int | None = None
+    memory_at_peak: dict[str, int] = Field(default_factory=dict, description="bytes by memory category")
+    memory_at_forward_end: dict[str, int] = Field(default_factory=dict)
+    reserved_bytes: int | None = None
+
+
+class ShardedGradientCheck(BaseModel):
+    """A sharded run's gradients against one process's on the same global batch and weights:
+    every parameter's full gradient (FSDP2: its shards all-gathered; DDP: the all-reduced
+    mean) compared with the single process's, both in eval mode (dropout off, batch-norm on
+    running statistics: the ranks' batch statistics differ from the global batch's by
+    design). ``match`` when the worst relative difference, max|a - b| / max|b| per
+    parameter, is at most ``tolerance``."""
+
+    match: bool
+    params_compared: int
+    worst_param: str | None = None
+    worst_rel_error: float
+    tolerance: float
+    loss_diff: float | None = None
 
 
 class RunSummary(BaseModel):
@@ -167,6 +203,12 @@ class RunSummary(BaseModel):
     blocks: str | None = Field(None, description="the blocks a profiled run checkpointed, and why those")
     # A prediction (no real step ran): its target, method and bounds.
     prediction: PredictionInfo | None = None
+    # a sharded run (spec.distributed): its figures above are the worst rank's
+    world_size: int | None = Field(None, description="ranks of a sharded run")
+    global_batch_size: int | None = Field(None, description="batch_size x world_size")
+    worst_rank: int | None = Field(None, description="the rank whose figures the run reports (highest peak)")
+    ranks: list[RankFigures] | None = Field(None, description="every rank's memory, in rank order")
+    sharded_gradients: ShardedGradientCheck | None = None
     # A run that did not succeed.
     oom: dict[str, Any] | None = Field(None, description="where an out-of-memory run stopped")
     failure: dict[str, Any] | None = None

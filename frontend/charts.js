@@ -63,9 +63,9 @@ export function glify(traces) {
 // ------------------------------------------------------------------ one experiment
 
 /** [key, label, colour] of each memory category, in the server's order (GET /api/meta). */
-const CATEGORY_COLORS = [OKABE_ITO.blue, OKABE_ITO.orange, OKABE_ITO.green, OKABE_ITO.vermillion, OKABE_ITO.sky];
+const CATEGORY_COLORS = [OKABE_ITO.blue, OKABE_ITO.orange, OKABE_ITO.green, OKABE_ITO.vermillion, OKABE_ITO.sky, OKABE_ITO.purple, OKABE_ITO.yellow];
 export const CATEGORIES = META.memory_categories.map((name, i) => [
-  name, name.replace('_', ' '), CATEGORY_COLORS[i % CATEGORY_COLORS.length],
+  name, name.replace(/_/g, ' '), CATEGORY_COLORS[i % CATEGORY_COLORS.length],
 ]);
 
 /** The step axis: up to the last step drawn once the run has finished (a memory pass that

@@ -10,6 +10,7 @@ import { fitText } from './chart_fit.js';
 import { fillForm } from './form.js';
 import { renderProgress, watchProgress } from './progress.js';
 import { setStatus, renderSpec, renderSummary, renderEnvironment, renderDownloads, renderHistory, findBaseline } from './experiment_summary.js';
+import { resetRanks } from './ranks.js';
 
 /** Steps are re-read with their memory breakdown (which the stream does not carry) at most
  * this often while a run is live, and only for runs up to EXTRA_MAX_STEPS steps. */
@@ -355,6 +356,7 @@ function reset(id) {
   $('exp-spec-json').textContent = '';
   $('exp-history').replaceChildren();
   $('exp-warnings-box').hidden = true;
+  resetRanks();
   $('summary-pending').hidden = false;
   $('summary-pending').textContent = 'Loading…';
   if (window.Plotly) {

@@ -6,6 +6,8 @@ import {
   $, BASELINE, STATUS, TERMINAL, api, detailText, el, fmtAgo, fmtBytes, fmtDate, fmtDiff, fmtDuration, fmtInt, fmtMs, fmtPct, gradBadge, kv, recomputes, statusBadge, strategyLabel,
 } from './util.js';
 import { CATEGORIES } from './charts.js';
+import { batchText, distributedRows } from './distributed.js';
+import { renderRanks } from './ranks.js';
 
 // ------------------------------------------------------------------ rendering
 
@@ -34,7 +36,8 @@ export function renderSpec(spec, summary = null) {
   const entries = [
     ['Model', [m.kind, ...modelParts].join(' · ')],
     ...(summary && summary.model ? [['Profiled', `${summary.model}; blocks ${summary.blocks}`]] : []),
-    ['Batch', `${fmtInt(spec.batch_size)}${spec.grad_accum_steps > 1 ? ` × ${spec.grad_accum_steps} accumulated` : ''}`],
+    ['Batch', batchText(spec)],
+    ...distributedRows(spec),
     ['Steps', `${spec.steps} (${spec.warmup_steps} warm-up)`],
     ['Checkpointing', strategyLabel(spec)],
     ...(summary && summary.plan ? [['Plan', planText(summary.plan)]] : []),
@@ -166,6 +169,7 @@ export function renderSummary(exp, baseline) {
     if (runBaseline) runBaseline.addEventListener('click', () => submitBaseline(exp.spec, runBaseline));
     renderBreakdown(s);
   }
+  renderRanks(exp);
   const warnings = [...new Set([...(exp.warnings || []), ...((s && s.warnings) || [])])];
   $('exp-warnings').replaceChildren(...warnings.map((w) => el('li', null, w)));
   $('exp-warnings-box').hidden = warnings.length === 0;

@@ -8,6 +8,7 @@ import {
 } from './util.js';
 import { readAxes as readAxesOf, readSpec as readSpecOf, setControl } from './form_read.js';
 import { buildModelControls, fillModel, resetModel } from './form_hf.js';
+import { buildDistributedControls, distributedLabel, dropOneProcess, fillDistributed, syncDistributed } from './distributed.js';
 
 /** The presets (ckptlab/spec/presets.py): name -> {spec, axes}. */
 const PRESETS = META.presets;
@@ -33,7 +34,7 @@ function kind() {
   return $('model.kind').value;
 }
 
-const readSpec = () => readSpecOf(form);
+const readSpec = () => dropOneProcess(readSpecOf(form));
 const readAxes = () => readAxesOf(form);
 
 // ------------------------------------------------------------------ dependent fields
@@ -74,6 +75,7 @@ function syncVisibility() {
       base.closest('.field').classList.add('by-axis');
     }
   }
+  syncDistributed();
   form.classList.toggle('is-sweep', isSweep());
   form.classList.toggle('is-plan', isPlan());
   $('plan-budget').disabled = !isPlan();
@@ -136,7 +138,8 @@ function updatePlan() {
     box.dataset.total = '1';
     box.replaceChildren(
       el('div', { class: 'big' }, el('strong', { id: 'run-count-total' }, '1'), ' experiment'),
-      el('div', { class: 'muted small' }, `${modelLabel(spec)} · ${strategyLabel(spec)} · batch ${spec.batch_size ?? '?'} · ${spec.steps ?? '?'} steps on ${spec.device}`),
+      el('div', { class: 'muted small' }, `${modelLabel(spec)} · ${strategyLabel(spec)} · batch ${spec.batch_size ?? '?'}${
+        distributedLabel(spec) ? ` per rank · ${distributedLabel(spec)}` : ''} · ${spec.steps ?? '?'} steps on ${spec.device}`),
     );
     notes.replaceChildren();
     button.textContent = 'Run experiment';
@@ -360,6 +363,7 @@ export function fillForm(spec, { axes } = {}) {
     setControl($(key), spec[key]);
   }
   $('memory_limit_bytes').value = spec.memory_limit_bytes ? String(spec.memory_limit_bytes) : '';
+  fillDistributed(spec.distributed);
   if (axes) {
     for (const [path, text] of Object.entries(axes)) {
       const input = form.querySelector(`[name="axes.${path}"]`);
@@ -385,6 +389,7 @@ export function initForm(opts) {
   onSweepCreated = opts.onSweepCreated || onSweepCreated;
   buildModelControls();
   buildStrategyControls();
+  buildDistributedControls();
   form.addEventListener('submit', onSubmit);
   fillTargetSelect($('predict-target'));
   $('predict').addEventListener('click', onPredict);

@@ -166,3 +166,27 @@ def sweep_row(
     for key, value in fields.items():
         setattr(row, key, value)
     return row
+
+
+#: Small models for sharded runs (seconds per run with two CPU ranks).
+SHARDED_MODELS: dict[str, dict[str, Any]] = {
+    "mlp": {"kind": "mlp", "depth": 4, "width": 64, "dropout": 0.0},
+    "transformer": {"kind": "transformer", "depth": 2, "d_model": 32, "heads": 2, "seq_len": 16, "vocab_size": 100},
+    "hf-llama": {"kind": "hf", "architecture": "llama", **HF_TINY["llama"]},
+}
+
+
+def sharded_spec(model: str, strategy: str, kind: str = "fsdp2", world_size: int = 2, **distributed: Any):
+    """A sharded spec of :data:`SHARDED_MODELS`: batch 4 per rank, 3 memory and 2 timed
+    steps, non-reentrant checkpointing (``auto``: a 1 GiB budget)."""
+    checkpoint: dict[str, Any] = {"strategy": strategy, "use_reentrant": False}
+    if strategy == "auto":
+        checkpoint["budget_bytes"] = 2**30
+    return make_spec(
+        model=SHARDED_MODELS[model],
+        batch_size=4,
+        steps=3,
+        timed_steps=2,
+        checkpoint=checkpoint,
+        distributed={"kind": kind, "world_size": world_size, **distributed},
+    )

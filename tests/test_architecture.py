@@ -54,8 +54,17 @@ ALLOWED: dict[str, set[str]] = {
     "ckptlab.worker.engine": FLOOR - {"ckptlab.db"}
     | {"ckptlab.worker.errors", "ckptlab.worker.measure", "ckptlab.worker.models"},
     "ckptlab.worker.predict": FLOOR - {"ckptlab.db"}
+    | {
+        "ckptlab.worker.engine",
+        "ckptlab.worker.errors",
+        "ckptlab.worker.measure",
+        "ckptlab.worker.models",
+        "ckptlab.worker.distributed",
+    },
+    "ckptlab.worker.distributed": FLOOR - {"ckptlab.db"}
     | {"ckptlab.worker.engine", "ckptlab.worker.errors", "ckptlab.worker.measure", "ckptlab.worker.models"},
-    "ckptlab.worker.service": FLOOR | {"ckptlab.worker.engine", "ckptlab.worker.errors", "ckptlab.worker.measure"},
+    "ckptlab.worker.service": FLOOR
+    | {"ckptlab.worker.engine", "ckptlab.worker.errors", "ckptlab.worker.measure", "ckptlab.worker.distributed"},
     "ckptlab.worker.progress_bar": FLOOR,
     "ckptlab.worker.profile": FLOOR | {"ckptlab.worker.models", "ckptlab.worker.service", "ckptlab.worker.predict"},
     "ckptlab.worker.predict_api": FLOOR | {"ckptlab.worker.models", "ckptlab.worker.predict"},

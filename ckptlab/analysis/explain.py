@@ -31,6 +31,11 @@ FINDING_CODES = {
     "peak_not_in_activations": "the peak holds no activations: checkpointing cannot lower it",
     "memory_grows_per_step": "live memory grows at every step: something keeps each step's tensors alive",
     "over_budget": "the measured peak is above the memory budget the plan was made for",
+    "reentrant_under_sharding": "reentrant checkpointing under DDP or FSDP2 recomputes outside the autograd "
+    "graph their gradient hooks follow (pytorch/pytorch#24005)",
+    "root_only_fsdp_unit": "the root is the only FSDP unit: every parameter is all-gathered at once",
+    "segment_spans_fsdp_units": "a checkpointed group spans several FSDP units: its recomputation all-gathers "
+    "them all at once in backward",
 }
 
 _PHASE_WORDS = {"forward": "forward", "backward": "backward", "optimizer": "optimizer.step"}
@@ -97,7 +102,47 @@ def findings(spec: ExperimentSpec, summary: RunSummary, strategy: Strategy) -> l
     if not baseline:
         out += _saving(summary, already_said=bool(out))
         out += _peak_without_activations(summary)
-    return out + _over_budget(summary) + _memory_growth(summary)
+    return out + _over_budget(summary) + _memory_growth(summary) + _sharding_audit(spec, summary, strategy)
+
+
+def _sharding_audit(spec: ExperimentSpec, summary: RunSummary, strategy: Strategy) -> list[Finding]:
+    """A sharded run's units against its checkpointing (torchtitan's order: checkpoint each
+    block, ``fully_shard`` each block, then the root): reentrant checkpointing under DDP or
+    FSDP2, the root as the only FSDP unit (with the all-gathered bytes at the peak), and a
+    checkpointed group of several blocks, each its own FSDP unit."""
+    kind, ck = spec.distributed.kind, spec.checkpoint
+    if kind == "none":
+        return []
+    out = []
+    if ck.use_reentrant and strategy.recomputes:
+        message = f"{FINDING_CODES['reentrant_under_sharding']}; use use_reentrant false"
+        out.append(_finding("reentrant_under_sharding", message))
+    if kind != "fsdp2":
+        return out
+    unsharded = (summary.memory_at_peak or {}).get(MemoryCategory.UNSHARDED_PARAMETERS.value)
+    if spec.distributed.shard_unit == "model":
+        held = f" ({format_bytes(unsharded)} of all-gathered parameters at the peak)" if unsharded else ""
+        message = f"{FINDING_CODES['root_only_fsdp_unit']}{held}; shard each block first (shard_unit block)"
+        out.append(_finding("root_only_fsdp_unit", message))
+    elif strategy.recomputes:
+        groups = _checkpointed_groups(spec, summary, strategy)
+        widest = max((end - start for start, end in groups), default=1)
+        if widest > 1:
+            message = (
+                f"{FINDING_CODES['segment_spans_fsdp_units']} (up to {widest} blocks per group); "
+                "checkpoint each block (per_block, every 1) to keep the units and the groups the same"
+            )
+            out.append(_finding("segment_spans_fsdp_units", message))
+    return out
+
+
+def _checkpointed_groups(spec: ExperimentSpec, summary: RunSummary, strategy: Strategy) -> list[tuple[int, int]]:
+    """The ``(start, end)`` block ranges the run checkpointed: a planned strategy's from its
+    plan (its checkpointed ``segments``: ``[start, end, checkpointed]``), any other's from
+    the strategy table."""
+    if strategy.planned:
+        return [(s[0], s[1]) for s in (summary.plan or {}).get("segments") or [] if s[2]]
+    return list(strategy.groups(spec.model.depth, spec.checkpoint))
 
 
 def _finding(code: str, detail: str) -> Finding:

@@ -41,6 +41,8 @@ __all__ = [
     "TorchvisionModelSpec",
     "ModelSpec",
     "CheckpointSpec",
+    "DistributedSpec",
+    "MixedPrecisionSpec",
     "ExperimentSpec",
     "StrategyName",
     "MODEL_ENTRY_POINT_GROUP",
@@ -114,6 +116,64 @@ class CheckpointSpec(_Strict):
     )
 
 
+#: Largest ``distributed.world_size`` a spec may name: real runs are further bounded by the
+#: devices a worker can place, predictions by their time limit.
+MAX_WORLD_SIZE = 4096
+Precision = Literal["fp32", "bf16", "fp16"]
+
+
+class MixedPrecisionSpec(_Strict):
+    """FSDP2's ``MixedPrecisionPolicy`` (``torch.distributed.fsdp``): the dtype the
+    all-gathered parameters are computed in and the dtype gradients are reduced in; the
+    sharded parameters and the optimizer stay fp32."""
+
+    param_dtype: Precision = "bf16"
+    reduce_dtype: Precision = "fp32"
+
+
+class DistributedSpec(_Strict):
+    """How the run is spread over ranks (one process per rank).
+
+    Args:
+        kind: ``none`` (one process), ``ddp`` (``DistributedDataParallel``: every rank holds
+            the whole model, gradients all-reduced) or ``fsdp2`` (``fully_shard``: parameters,
+            gradients and optimizer state sharded over the ranks, all-gathered per unit for
+            its forward and backward, gradients reduce-scattered).
+        world_size: ranks (processes), 1 to :data:`MAX_WORLD_SIZE`; 1 with ``none``.
+            ``batch_size`` is per rank (torchtitan's "local batch size"): the global batch is
+            ``batch_size × world_size`` (the summary's ``global_batch_size``).
+        reshard_after_forward: FSDP2: free each unit's all-gathered parameters after its
+            forward and all-gather them again for its backward (True, the default: less
+            memory, one more all-gather per unit); False keeps them from forward to backward.
+        mixed_precision: FSDP2 only: a :class:`MixedPrecisionSpec`, or None (fp32).
+        shard_unit: FSDP2's units: ``block`` (each block is ``fully_shard``-ed after its
+            checkpoint wrapper is applied, then the root: torchtitan's order) or ``model``
+            (the root only: every parameter all-gathered at once).
+
+    Real runs on CPU use the gloo backend (``init_device_mesh("cpu", ...)``; gloo has no
+    ``PREMUL_SUM``, so FSDP2 keeps its default gradient division); on CUDA, NCCL with one GPU
+    per rank.
+    """
+
+    kind: Literal["none", "ddp", "fsdp2"] = "none"
+    world_size: SpecInt = Field(1, ge=1, le=MAX_WORLD_SIZE)
+    reshard_after_forward: StrictBool = True
+    mixed_precision: MixedPrecisionSpec | None = None
+    shard_unit: Literal["block", "model"] = "block"
+
+    @model_validator(mode="after")
+    def _consistent(self) -> DistributedSpec:
+        if self.kind == "none" and self.world_size != 1:
+            raise _field_error(
+                ("world_size",), self.world_size, f"world_size {self.world_size} needs kind 'ddp' or 'fsdp2'"
+            )
+        if self.kind != "fsdp2" and self.mixed_precision is not None:
+            raise _field_error(
+                ("mixed_precision",), "set", f"mixed_precision is FSDP2's policy; kind {self.kind!r} has none"
+            )
+        return self
+
+
 class ExperimentSpec(_Strict):
     """One checkpointing experiment: a model, a checkpointing setting, and a short training run.
 
@@ -158,6 +218,7 @@ class ExperimentSpec(_Strict):
         memory_snapshot: on CUDA, record ``torch.cuda.memory._record_memory_history`` and
             keep a snapshot for pytorch.org/memory_viz (default False).
         timeout_s: kill the run after this many seconds (default: the worker's setting).
+        distributed: ranks and sharding (see :class:`DistributedSpec`; default one process).
 
     Raises:
         pydantic.ValidationError: on unknown fields, values out of range, or combinations
@@ -181,6 +242,7 @@ class ExperimentSpec(_Strict):
     verify_gradients: StrictBool = True
     memory_snapshot: StrictBool = False
     timeout_s: float | None = Field(None, gt=0, le=7 * 24 * 3600)
+    distributed: DistributedSpec = Field(default_factory=DistributedSpec)
 
     @model_validator(mode="before")
     @classmethod
@@ -192,6 +254,23 @@ class ExperimentSpec(_Strict):
             loc, value, message = bad
             raise _field_error(loc, repr(value), message)
         return data
+
+    def _distributed_checks(self, strategy: Any) -> None:
+        """A sharded run: CPU ranks only (gloo) for now, and no compiling strategy (compiled
+        graphs and FSDP2's hooks are not composed here)."""
+        kind = self.distributed.kind
+        if kind == "none":
+            return
+        if self.device == "cuda":
+            raise _field_error(
+                ("device",), self.device, f"a {kind} run runs on CPU ranks (gloo) for now; use device 'cpu' or 'auto'"
+            )
+        if strategy.compiles:
+            raise _field_error(
+                ("checkpoint", "strategy"),
+                self.checkpoint.strategy,
+                f"strategy {self.checkpoint.strategy!r} compiles the model, which a {kind} run does not support yet",
+            )
 
     @model_validator(mode="after")
     def _cross_field_checks(self) -> ExperimentSpec:
@@ -223,6 +302,7 @@ class ExperimentSpec(_Strict):
             raise _field_error(
                 ("checkpoint", "budget_bytes"), None, f"strategy {ck.strategy!r} needs budget_bytes (the memory budget)"
             )
+        self._distributed_checks(strategy)
         if strategy.needs_non_reentrant and ck.use_reentrant:
             raise _field_error(
                 ("checkpoint", "use_reentrant"),

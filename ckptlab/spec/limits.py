@@ -69,7 +69,7 @@ def limit_errors(
 
     Args:
         spec: a validated experiment spec.
-        settings: supplies ``max_steps``, ``max_batch_size``, ``max_param_count`` and
+        settings: supplies ``max_steps``, ``max_batch_size``, ``max_world_size``, ``max_param_count`` and
             ``worker_memory_bytes`` (the capacity the fixed memory,
             :func:`estimate_fixed_bytes`, must fit in), and what the model kind's ``check``
             reads (:mod:`ckptlab.spec.model_kinds`: with ``check_model_entry_points`` an entry
@@ -112,6 +112,14 @@ def limit_errors(
             err(("model", field), value, msg)
     if not allocates:
         return errors
+    world = spec.distributed.world_size
+    if world > settings.max_world_size:
+        err(
+            ("distributed", "world_size"),
+            world,
+            f"world_size ({world}) exceeds this server's limit of {settings.max_world_size} ranks "
+            "(CKPTLAB_MAX_WORLD_SIZE: each rank is a process of the worker's host)",
+        )
     params = estimate_param_count(spec)
     if params is not None and params > settings.max_param_count:
         err(

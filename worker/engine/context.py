@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -21,9 +21,24 @@ from ckptlab.worker.engine.training import FakeRun, autocast_for, build_checkpoi
 from ckptlab.worker.measure.meter import Meter, memory_is_flat, tag_optimizer_state
 from ckptlab.worker.models.base import Built
 
-__all__ = ["RunContext", "StepCallback"]
+__all__ = ["RunContext", "Sharding", "StepCallback"]
 
 StepCallback = Callable[[dict[str, Any]], None]
+
+
+class Sharding(Protocol):
+    """What a sharded run's rank does to the model once its blocks are checkpointed
+    (:class:`ckptlab.worker.distributed.shard.Rank`)."""
+
+    rank: int
+
+    def wrap(self, built: Built, blocks: list[torch.nn.Module], meter: Meter) -> Built:
+        """``built`` wrapped for the rank; ``blocks``: the blocks as built, before checkpointing."""
+        ...
+
+    def share(self, value: Any) -> Any:
+        """Rank 0's ``value`` on every rank (a collective: every rank calls it)."""
+        ...
 
 
 class RunContext:
@@ -45,6 +60,8 @@ class RunContext:
         on_step: called with each step's record.
         fake: the switches of a run on fake tensors (a prediction,
             :class:`ckptlab.worker.engine.training.FakeRun`); None for a real run.
+        rank: this process's place in a sharded run (a :class:`Sharding`: it wraps the
+            model); None for one process.
     """
 
     def __init__(
@@ -56,9 +73,10 @@ class RunContext:
         where: dict[str, Any],
         on_step: StepCallback | None,
         fake: FakeRun | None = None,
+        rank: Sharding | None = None,
     ):
         self.spec, self.strategy, self.dev, self.meter = spec, strategy, dev, meter
-        self.where, self.on_step, self.fake = where, on_step, fake
+        self.where, self.on_step, self.fake, self.rank = where, on_step, fake, rank
         self.autocast = autocast_for(spec, dev)
         self.scaler = torch.amp.GradScaler(dev.type) if spec.amp == "fp16" else None
         self.gen = torch.Generator().manual_seed(spec.seed)
@@ -78,9 +96,18 @@ class RunContext:
         self._build = build
         meter.set_category(MemoryCategory.PARAMETERS)
         fake = self.fake
+        blocks: list[torch.nn.Module] = []
         self.built = build_checkpointed(
-            self.spec, self.dev, on_recompute=meter.on_recompute, build=build, ranges=ranges, fake=fake is not None
+            self.spec,
+            self.dev,
+            on_recompute=meter.on_recompute,
+            build=build,
+            ranges=ranges,
+            fake=fake is not None,
+            blocks_as_built=blocks,
         )
+        if self.rank is not None:
+            self.built = self.rank.wrap(self.built, blocks, meter)
         self.params = list(self.built.module.parameters())
         meter.retag(list(self.params) + list(self.built.module.buffers()), MemoryCategory.PARAMETERS)
         meter.set_category(MemoryCategory.OTHER)
@@ -185,6 +212,9 @@ class RunContext:
         unpaired)."""
         spec, strategy = self.spec, self.strategy
         if strategy.name == BASELINE or strategy.compiles or not spec.paired_timing or not spec.timed_steps:
+            return None
+        if self.rank is not None:
+            self.pairing_skipped = "a sharded run is timed unpaired: its copy would need collectives of its own"
             return None
         reference = spec.model_copy(update={"checkpoint": spec.checkpoint.model_copy(update={"strategy": BASELINE})})
         base = RunContext(reference, get_strategy(BASELINE), self.dev, self.meter, self.where, None)

@@ -42,7 +42,7 @@ from ckptlab.spec.experiment import ExperimentSpec
 from ckptlab.strategies import Strategy, get_strategy
 from ckptlab.summary import RunSummary
 from ckptlab.worker.engine.autoplan import BudgetPlan, plan_for_budget
-from ckptlab.worker.engine.context import RunContext, StepCallback
+from ckptlab.worker.engine.context import RunContext, Sharding, StepCallback
 from ckptlab.worker.engine.gradcheck import verify_gradients
 from ckptlab.worker.engine.summarize import finite_or_none, summarize
 from ckptlab.worker.engine.training import check_supported, environment, resolve_device
@@ -70,6 +70,7 @@ def run_experiment(
     device: str | None = None,
     snapshot_path: str | None = None,
     model: Built | None = None,
+    rank: Sharding | None = None,
 ) -> RunSummary:
     """Run ``spec`` and return its summary; ``on_step(record)`` gets each step as it ends.
 
@@ -86,6 +87,11 @@ def run_experiment(
         model: a model already built (``ckptlab.profile``'s model in hand): the engine and
             the gradient check train deep copies of it instead of building ``spec.model``
             (whose ``depth`` must be its number of blocks). Default: None.
+        rank: this process's rank of a sharded run (``spec.distributed``; started by
+            :func:`ckptlab.worker.distributed.launch.run_distributed`, which a sharded spec
+            must be run with): the model is wrapped for it, strategy ``auto`` plans on rank
+            0 and shares the plan, the single-process gradient check runs on rank 0 only and
+            the timed steps are unpaired. Default: None (one process).
 
     Returns:
         The summary, a :class:`~ckptlab.summary.RunSummary` (its ``dump()`` is what is
@@ -110,6 +116,10 @@ def run_experiment(
         RunError: anything else (bad device, unsupported AMP, ``CheckpointError``, a model
             error); ``warnings`` holds what was raised before.
     """
+    if spec.distributed.kind != "none" and rank is None:
+        raise RunError(
+            f"a {spec.distributed.kind} spec runs one process per rank: ckptlab.worker.distributed.run_distributed"
+        )
     caught: list[str] = []
     strategy = get_strategy(spec.checkpoint.strategy)  # resolved once; the run carries it
     where = {"phase": "setup", "step": 0}
@@ -125,9 +135,8 @@ def run_experiment(
         try:
             dev = resolve_device(device or spec.device)
             check_supported(spec, dev)
-            planned = plan_for_budget(spec, dev, build) if strategy.planned else None
+            planned, check = _plan_and_check(spec, strategy, dev, build, rank)
             ranges = planned.ranges if planned is not None else None
-            check = verify_gradients(spec, dev, build, ranges) if spec.verify_gradients else {}
             if strategy.compiles:
                 # What an earlier compiled run of this process left (dynamo's caches, their
                 # buffers) is freed now, not inside this run's allocator readings: freed
@@ -135,7 +144,7 @@ def run_experiment(
                 torch._dynamo.reset()
                 gc.collect()
             meter = Meter(dev, spec.memory_limit_bytes, allocator_events=strategy.compiles and dev.type == "cpu")
-            run = RunContext(spec, strategy, dev, meter, where, on_step)
+            run = RunContext(spec, strategy, dev, meter, where, on_step, rank=rank)
             summary = _measure(run, build, snapshot_path, ranges)
         except RunError as exc:
             exc.warnings = warnings_so_far()
@@ -162,6 +171,24 @@ def run_experiment(
         caught = warnings_so_far()
     summary = RunSummary.model_validate({**summary.dump(), **finite_or_none(check)})
     return conclude(summary, spec, strategy, planned, caught)
+
+
+def _plan_and_check(
+    spec: ExperimentSpec,
+    strategy: Strategy,
+    dev: torch.device,
+    build: Callable[[], Built] | None,
+    rank: Sharding | None,
+) -> tuple[BudgetPlan | None, dict]:
+    """Strategy ``auto``'s plan and the gradient check, before the measured run. A sharded
+    run plans and checks on rank 0 only and shares the plan (one plan for every rank)."""
+    first = rank is None or rank.rank == 0
+    planned = plan_for_budget(spec, dev, build) if strategy.planned and first else None
+    if strategy.planned and rank is not None:
+        planned = rank.share(planned)
+    ranges = planned.ranges if planned is not None else None
+    check = verify_gradients(spec, dev, build, ranges) if spec.verify_gradients and first else {}
+    return planned, check
 
 
 def conclude(

@@ -87,15 +87,19 @@ def build_checkpointed(
     build: Callable[[], Built] | None = None,
     ranges: list[tuple[int, int]] | None = None,
     fake: bool = False,
+    blocks_as_built: list[torch.nn.Module] | None = None,
 ) -> Built:
     """The spec's model seeded with ``spec.seed`` (or ``build()``'s, a model in hand), on
     ``dev`` in train mode, with the spec's checkpointing applied to its blocks
     (``on_recompute`` is called around each recomputation, see
     :func:`ckptlab.worker.engine.strategies.apply_strategy`). ``fake``: the model was built
-    on the fake CPU and stays there (see :class:`FakeRun`)."""
+    on the fake CPU and stays there (see :class:`FakeRun`). ``blocks_as_built``: a list to
+    fill with the blocks before checkpointing regroups them (a sharded run's units)."""
     torch.manual_seed(spec.seed)
     built = build() if build is not None else build_model(spec.model)
     (built.module if fake else built.module.to(dev)).train()
+    if blocks_as_built is not None:
+        blocks_as_built.extend(built.blocks)
     apply_strategy(built.blocks, spec.checkpoint, device=dev, on_recompute=on_recompute, ranges=ranges)
     return built
 

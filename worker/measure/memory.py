@@ -22,12 +22,12 @@ import weakref
 from collections.abc import Iterator
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_leaves
 
 from ckptlab.domain import MemoryCategory
 
-__all__ = ["CATEGORIES", "SimulatedOutOfMemoryError", "LiveTensorTracker", "CudaProbe"]
+__all__ = ["CATEGORIES", "SimulatedOutOfMemoryError", "LiveTensorTracker", "CudaProbe", "inner_tensors"]
 
 
 class SimulatedOutOfMemoryError(MemoryError):
@@ -56,6 +56,13 @@ class _Info:
 
     def __init__(self, nbytes: int, category: str):
         self.nbytes, self.category, self.rng_state = nbytes, category, False
+
+
+def inner_tensors(t: torch.Tensor) -> list[torch.Tensor]:
+    """The tensors a traceable wrapper subclass holds (``__tensor_flatten__``: a ``DTensor``'s
+    local shard), as ``torch.distributed._tools.common_utils.get_untyped_storages`` reads them."""
+    names, _ctx = t.__tensor_flatten__()
+    return [inner for inner in (getattr(t, name) for name in names) if isinstance(inner, torch.Tensor)]
 
 
 class LiveTensorTracker(TorchDispatchMode):
@@ -97,9 +104,14 @@ class LiveTensorTracker(TorchDispatchMode):
     them (tests/worker/measure/test_allocator_probe.py); without them, PyTorch's ``MemTracker``,
     also a dispatch mode, reads 5,056 B less per live checkpoint.
 
+    Storages resized in place (``UntypedStorage.resize_``, FSDP2's way of freeing and
+    re-allocating all-gathered parameters) are counted at their new size; tensor subclasses
+    that wrap others (``DTensor``) are counted by the tensors they wrap.
+
     Warning:
         Tensors created before the mode was entered are not counted; call :meth:`track` on
-        them. Storages resized in place after creation keep their creation size.
+        them. What a tensor subclass allocates inside its own dispatch (a ``DTensor`` op's
+        temporaries) is not seen, as by ``MemTracker``.
     """
 
     def __init__(
@@ -127,10 +139,20 @@ class LiveTensorTracker(TorchDispatchMode):
         # object per live storage), before its address can be reused.
         self._live: dict[int, tuple[weakref.ref, _Info]] = {}
         self._unwrapped_get_rng_state: list = []  # torch.get_rng_state as it was, per __enter__
+        self._unwrapped_resize: list = []  # torch.UntypedStorage.resize_ as it was, per __enter__
 
     def __enter__(self):
         inner = torch.get_rng_state
         self._unwrapped_get_rng_state.append(inner)
+        resize = torch.UntypedStorage.resize_
+        self._unwrapped_resize.append(resize)
+
+        def resize_(st: torch.UntypedStorage, size: int):
+            out = resize(st, size)
+            self._on_resize(st)
+            return out
+
+        torch.UntypedStorage.resize_ = functools.wraps(resize)(resize_)
         if not self.count_rng_states:
             return super().__enter__()
 
@@ -154,6 +176,31 @@ class LiveTensorTracker(TorchDispatchMode):
             return super().__exit__(*exc)
         finally:
             torch.get_rng_state = self._unwrapped_get_rng_state.pop()
+            torch.UntypedStorage.resize_ = self._unwrapped_resize.pop()
+
+    def _on_resize(self, st: torch.UntypedStorage) -> None:
+        """A storage resized in place (``UntypedStorage.resize_``, which no dispatch mode
+        sees: FSDP2 frees and re-allocates its all-gathered parameters so, as
+        ``MemTracker._track_resize`` does): its bytes become the new size's; grown from
+        nothing, it is a new allocation and takes the current :attr:`category`."""
+        if self._paused:
+            return
+        entry = self._live.get(st._cdata)
+        if entry is None:  # (a fake tensor's storage is on meta: counted only through its tensor)
+            if st.nbytes() and st.device.type != "meta":
+                self._count(st, self.category)
+            return
+        info = entry[1]
+        new = self._rounded(st.nbytes())
+        if self.events is not None:
+            self.events.append((st._cdata, -info.nbytes))
+            self.events.append((st._cdata, new))
+        self.live_bytes -= info.nbytes
+        self.by_category[info.category] -= info.nbytes
+        if info.nbytes == 0:
+            info.category = self.category
+        info.nbytes = 0
+        self._add(info, new)
 
     def _on_free(self, key: int, _ref: weakref.ref) -> None:
         entry = self._live.pop(key, None)
@@ -177,24 +224,38 @@ class LiveTensorTracker(TorchDispatchMode):
             self._paused -= 1
 
     def track(self, t: torch.Tensor) -> None:
-        """Count ``t``'s storage if it is not counted yet.
+        """Count ``t``'s storage if it is not counted yet; for a tensor subclass that wraps
+        others (``DTensor``: its local shard), theirs.
 
         Raises:
             SimulatedOutOfMemoryError: live bytes passed ``limit_bytes``.
         """
-        st = t.untyped_storage()
-        key = st._cdata
-        if key in self._live or t.device.type == "meta" or self._paused:
+        if type(t) is not torch.Tensor and is_traceable_wrapper_subclass(t):
+            for inner in inner_tensors(t):
+                self.track(inner)
             return
-        nbytes = st.nbytes()
-        if self.block_bytes > 1:  # the device allocator's rounding (0 bytes: no block at all)
-            nbytes = -(-nbytes // self.block_bytes) * self.block_bytes
-        info = _Info(nbytes, self.category)
+        st = t.untyped_storage()
+        if st._cdata in self._live or t.device.type == "meta" or self._paused:
+            return
+        self._count(st, self.category)
+
+    def _rounded(self, nbytes: int) -> int:
+        # the device allocator's rounding (0 bytes: no block at all)
+        return -(-nbytes // self.block_bytes) * self.block_bytes if self.block_bytes > 1 else nbytes
+
+    def _count(self, st: torch.UntypedStorage, category: str) -> None:
+        key = st._cdata
+        nbytes = self._rounded(st.nbytes())
+        info = _Info(0, category)
         self._live[key] = (weakref.ref(st, functools.partial(self._on_free, key)), info)
         if self.events is not None:
             self.events.append((key, nbytes))
-        self.live_bytes += info.nbytes
-        self.by_category[info.category] += info.nbytes
+        self._add(info, nbytes)
+
+    def _add(self, info: _Info, nbytes: int) -> None:
+        info.nbytes = nbytes
+        self.live_bytes += nbytes
+        self.by_category[info.category] += nbytes
         if self.live_bytes > self.window_peak_bytes:
             self.window_peak_bytes = self.live_bytes
         if self.live_bytes > self.peak_bytes:
@@ -206,7 +267,11 @@ class LiveTensorTracker(TorchDispatchMode):
             raise SimulatedOutOfMemoryError(self.live_bytes, self.limit_bytes)
 
     def retag(self, t: torch.Tensor, category: str) -> None:
-        """Move ``t``'s storage (if tracked) to ``category``."""
+        """Move ``t``'s storage (if tracked; a wrapper subclass's: its inner tensors') to ``category``."""
+        if is_traceable_wrapper_subclass(t):
+            for inner in inner_tensors(t):
+                self.retag(inner, category)
+            return
         entry = self._live.get(t.untyped_storage()._cdata)
         if entry is not None and entry[1].category != category:
             info = entry[1]

@@ -11,10 +11,11 @@ from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import is_fake
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from ckptlab.domain import MemoryCategory
 from ckptlab.worker.measure.allocator_probe import CpuAllocatorProbe
-from ckptlab.worker.measure.memory import CudaProbe, LiveTensorTracker
+from ckptlab.worker.measure.memory import CudaProbe, LiveTensorTracker, inner_tensors
 
 __all__ = [
     "Meter",
@@ -43,13 +44,23 @@ READING_EXTRA_KEYS = (
 )
 
 
-def storage_bytes(tensors: Iterator[torch.Tensor]) -> int:
-    """Bytes of the distinct storages behind ``tensors`` (a view counts its storage once; a
-    fake tensor's storage, which has no data pointer, by its identity)."""
-    seen: dict[int, int] = {}
+def _plain(tensors: Iterator[torch.Tensor]) -> Iterator[torch.Tensor]:
+    """``tensors`` with each wrapper subclass (a ``DTensor``) replaced by the tensors it wraps."""
     for t in tensors:
+        if type(t) is not torch.Tensor and is_traceable_wrapper_subclass(t):
+            yield from _plain(iter(inner_tensors(t)))
+        else:
+            yield t
+
+
+def storage_bytes(tensors: Iterator[torch.Tensor]) -> int:
+    """Bytes of the distinct storages behind ``tensors`` (a view counts its storage once, by
+    its ``StorageImpl``; a fake tensor's storage by its identity; a storage resized to
+    nothing, as FSDP2 frees its all-gathered parameters, is 0 B)."""
+    seen: dict[int, int] = {}
+    for t in _plain(tensors):
         st = t.untyped_storage()
-        seen[id(st) if is_fake(t) else st.data_ptr() or id(st)] = st.nbytes()
+        seen[id(st) if is_fake(t) else st._cdata] = st.nbytes()
     return sum(seen.values())
 
 
@@ -137,6 +148,11 @@ class Meter:
         """Wait for the device (``torch.cuda.synchronize`` on CUDA)."""
         if self.cuda:
             torch.cuda.synchronize(self.dev)
+
+    @property
+    def category(self) -> str:
+        """The category new tensors get now (CPU tracker; ``other`` elsewhere)."""
+        return self.probe.category if self.exact else MemoryCategory.OTHER.value
 
     def set_category(self, category: str) -> None:
         """Tag tensors created from now on with ``category`` (CPU)."""

@@ -47,9 +47,10 @@ Known limitations:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -57,9 +58,10 @@ import torch
 from ckptlab.analysis.explain import format_bytes
 from ckptlab.domain import MemoryCategory
 from ckptlab.prediction.targets import Target
-from ckptlab.spec.experiment import ExperimentSpec
+from ckptlab.spec.experiment import DistributedSpec, ExperimentSpec
 from ckptlab.strategies import Strategy, get_strategy
-from ckptlab.summary import RunSummary
+from ckptlab.summary import RankFigures, RunSummary
+from ckptlab.worker.distributed.shard import Rank
 from ckptlab.worker.engine.autoplan import BudgetPlan, fixed_bytes_before_running, plan_for_budget
 from ckptlab.worker.engine.context import RunContext
 from ckptlab.worker.engine.run import conclude, model_copies
@@ -126,9 +128,9 @@ def predict_run(
     with warnings.catch_warnings(record=True) as wlist:
         warnings.simplefilter("always")
         try:
-            with session.active():
+            with session.active(), traced_rank(spec.distributed) as rank:
                 planned, profile_peak = _plan(spec, strategy, session, build) if strategy.planned else (None, None)
-                run = _fake_memory_pass(spec, strategy, session, build, planned)
+                run = _fake_memory_pass(spec, strategy, session, build, planned, rank)
                 summary = summarize(run)
                 fixed = fixed_bytes_before_running(spec, run.built.module)
         except RunError as exc:
@@ -151,6 +153,31 @@ def predict_run(
     return conclude(_as_prediction(summary, facts), spec, strategy, planned, caught)
 
 
+@contextlib.contextmanager
+def traced_rank(distributed: DistributedSpec) -> Iterator[Rank | None]:
+    """Rank 0 of a sharded spec over a fake process group
+    (``torch.testing._internal.distributed.fake_pg``: collectives return at once and move
+    no data), so that one process traces one rank of any world size; None for one process.
+
+    Raises:
+        RunError: this process already has a process group (a sharded prediction needs
+            its own).
+    """
+    if distributed.kind == "none":
+        yield None
+        return
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        raise RunError("a sharded prediction needs a process group of its own; this process already has one")
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=distributed.world_size)
+    try:
+        yield Rank(rank=0, world_size=distributed.world_size, spec=distributed, device=_CPU)
+    finally:
+        dist.destroy_process_group()
+
+
 def _constructor(spec: ExperimentSpec, session: FakeSession, model: Built | None) -> Callable[[], Built]:
     """What builds the model (the spec's, or copies of the model in hand), inside the
     session's construction phase."""
@@ -167,8 +194,14 @@ def _check_predictable(spec: ExperimentSpec, strategy: Strategy, target: Target)
     """Refuse what cannot be predicted, saying why.
 
     Raises:
-        RunError: a compiling strategy, or bf16 on a CUDA card before compute capability 8.0.
+        RunError: a compiling strategy, a ddp spec, or bf16 on a CUDA card before compute
+            capability 8.0.
     """
+    if spec.distributed.kind == "ddp":
+        raise RunError(
+            "a ddp run cannot be predicted yet: DistributedDataParallel checks its parameters' values across "
+            "ranks when it wraps the model, which fake tensors do not hold; predict fsdp2, or run ddp for real"
+        )
     if strategy.compiles:
         raise RunError(
             f"strategy {strategy.name!r} cannot be predicted: torch.compile generates kernels that run on real "
@@ -184,16 +217,27 @@ def _messages(wlist: list[warnings.WarningMessage]) -> list[str]:
 
 
 def _fake_memory_pass(
-    spec: ExperimentSpec, strategy: Strategy, session: FakeSession, build: Any, planned: BudgetPlan | None
+    spec: ExperimentSpec,
+    strategy: Strategy,
+    session: FakeSession,
+    build: Any,
+    planned: BudgetPlan | None,
+    rank: Rank | None = None,
 ) -> RunContext:
-    """The engine's build and memory pass on fake tensors, under a meter set up for the target."""
+    """The engine's build and memory pass on fake tensors, under a meter set up for the
+    target; a sharded spec's as its rank 0 (``rank``, over a fake process group)."""
     meter = session.new_meter()
-    run = RunContext(spec, strategy, _CPU, meter, {"phase": "setup", "step": 0}, None, fake=session.fake_run())
+    where = {"phase": "setup", "step": 0}
+    run = RunContext(spec, strategy, _CPU, meter, where, None, fake=session.fake_run(), rank=rank)
     if spec.amp == "fp16":
         run.scaler = FakeGradScaler(_CPU.type)
-    with meter.mode():
-        run.build(build, planned.ranges if planned is not None else None)
-        run.memory_pass()
+    try:
+        with meter.mode():
+            run.build(build, planned.ranges if planned is not None else None)
+            run.memory_pass()
+    finally:
+        if rank is not None:
+            rank.close()
     return run
 
 
@@ -238,8 +282,8 @@ def _no_plan(exc: RunError, budget: int, workspace: int) -> RunError:
         f"no plan fits a budget of {format_bytes(budget)}{room}: parameters, gradients and optimizer state alone "
         f"need {format_bytes(fixed)} ({per:.0f} B per parameter for {params:,} parameters), before any "
         "activation, and checkpointing only removes activations; fewer bytes per parameter (bf16 parameters and "
-        "gradients, an optimizer with less state such as sgd) or sharding them over several devices would change "
-        "that",
+        "gradients, an optimizer with less state such as sgd) or sharding them over ranks "
+        "(distributed fsdp2: each of N ranks holds about 1/N) would change that",
         warnings=exc.warnings,
         details=details,
     )
@@ -278,4 +322,9 @@ def _as_prediction(summary: RunSummary, facts: Facts) -> RunSummary:
         reserved = peak_reserved_bytes(session.events or [])
         summary.reserved_bytes = reserved
     summary.prediction = prediction_info(summary, facts, reserved)
+    world = facts.spec.distributed.world_size
+    if facts.spec.distributed.kind != "none":  # one rank traced: FSDP2 pads every shard alike
+        summary.world_size, summary.global_batch_size, summary.worst_rank = world, facts.spec.batch_size * world, 0
+        fields = {f: getattr(summary, f) for f in RankFigures.model_fields if f != "rank"}
+        summary.ranks = [RankFigures(rank=0, **fields)]
     return summary

@@ -77,7 +77,7 @@ def prediction_info(summary: RunSummary, facts: Facts, reserved: int | None) -> 
     at_peak = summary.memory_at_peak
     info = PredictionInfo(
         target=target.name,
-        method=_method(target),
+        method=_method(target) + _sharding_method(facts),
         error_bound=_error_bound(target),
         capacity_bytes=capacity,
         peak_reserved_bytes=reserved,
@@ -110,6 +110,18 @@ def _method(target: Target) -> str:
     )
 
 
+def _sharding_method(facts: Facts) -> str:
+    """How a sharded spec was traced (empty for one process)."""
+    d = facts.spec.distributed
+    if d.kind == "none":
+        return ""
+    return (
+        f"; rank 0 of {d.world_size} traced alone ({d.kind}, shard unit {d.shard_unit}) over a fake process group "
+        "whose collectives return at once: the figures are one rank's (FSDP2 pads every rank's shards to the "
+        "same size)"
+    )
+
+
 def _error_bound(target: Target) -> str:
     if target.device != "cuda":
         return CPU_ERROR_BOUND
@@ -136,14 +148,17 @@ def _verdict_notes(summary: RunSummary, facts: Facts, info: PredictionInfo) -> l
     if info.fits is not False or info.capacity_bytes is None:
         return []
     fixed, words = facts.fixed
-    per = fixed / max(facts.param_count, 1)
+    world = facts.spec.distributed.world_size
+    per = fixed * world / max(facts.param_count, 1)  # a sharded rank holds about 1/world of them
+    held = f"{facts.param_count:,} parameters" + (f", this rank's 1/{world} share" if world > 1 else "")
     if fixed >= info.capacity_bytes:
         return [
             f"does not fit: parameters, gradients and optimizer state alone need {format_bytes(fixed)} ({words}; "
-            f"{per:.0f} B per parameter for {facts.param_count:,} parameters), more than the "
+            f"{per:.0f} B per parameter for {held}), more than the "
             f"{format_bytes(info.capacity_bytes)} of {facts.target.name}; checkpointing only removes activations, "
             "so no strategy can make it fit: fewer bytes per parameter (bf16 parameters and gradients, an optimizer "
-            "with less state such as sgd) or sharding them over several devices would"
+            "with less state such as sgd) or sharding them over ranks (distributed fsdp2: each of N "
+            "ranks holds about 1/N) would"
         ]
     act, peak = summary.activation_bytes_at_peak or 0, summary.peak_allocated_bytes or 0
     head = (

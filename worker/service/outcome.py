@@ -193,7 +193,12 @@ def _run(spec: ExperimentSpec, job: Job, writer: StepWriter, snapshot: str | Non
         writer.put(rec)
 
     device = engine_device(spec.device, job.device)
-    summary = run_experiment(spec, on_step=on_step, device=device, snapshot_path=snapshot, model=job.model)
+    if spec.distributed.kind != "none":  # one process per rank, started from this one
+        from ckptlab.worker.distributed import run_distributed
+
+        summary = run_distributed(spec, on_step=on_step, device="cpu")
+    else:
+        summary = run_experiment(spec, on_step=on_step, device=device, snapshot_path=snapshot, model=job.model)
     if job.claimed_at is not None and first_step_at:
         summary.claim_to_first_step_s = first_step_at[0] - job.claimed_at
     return _Outcome(Status.SUCCEEDED, summary, None, list(summary.warnings))

@@ -28,6 +28,11 @@ def count(client) -> int:
         ({"batch_size": 512}, {"max_batch_size": 256}, ["body", "batch_size"]),
         ({"model.width": 4096, "model.depth": 64}, {"max_param_count": 10_000_000}, ["body", "model"]),
         ({"model.width": 1024, "model.depth": 8}, {"worker_memory_bytes": 64 * 2**20}, ["body", "model"]),
+        (
+            {"distributed": {"kind": "fsdp2", "world_size": 16}},
+            {"max_world_size": 8},
+            ["body", "distributed", "world_size"],
+        ),
     ],
 )
 def test_specs_over_server_limits_get_422_naming_the_field(make_client, overrides, limits, loc):

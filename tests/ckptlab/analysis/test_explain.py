@@ -26,3 +26,35 @@ def test_a_sequential_setting_of_one_segment_still_wraps_none() -> None:
     one = {"checkpoint.strategy": "sequential", "checkpoint.segments": 1}
     assert "sequential_equals_none" in _codes(RunSummary(), **one)
     assert "sequential_equals_none" not in _codes(RunSummary(), **{**one, "checkpoint.segments": 2})
+
+
+def _sharded_codes(spec: dict, summary: RunSummary | None = None) -> list[str]:
+    parsed = ExperimentSpec.model_validate(spec)
+    strategy = get_strategy(parsed.checkpoint.strategy)
+    return [f.code for f in findings(parsed, summary or RunSummary(), strategy)]
+
+
+def _sharded(strategy: str, distributed: dict, **checkpoint) -> dict:
+    spec = spec_dict(**{"checkpoint.strategy": strategy, **{f"checkpoint.{k}": v for k, v in checkpoint.items()}})
+    return {**spec, "distributed": distributed}
+
+
+def test_the_unit_audit_is_silent_on_torchtitans_order() -> None:
+    assert _sharded_codes(_sharded("per_block", {"kind": "fsdp2", "world_size": 2})) == []
+    assert _sharded_codes(_sharded("per_block", {"kind": "ddp", "world_size": 2})) == []
+
+
+def test_the_unit_audit_names_a_root_only_unit_with_its_all_gathered_bytes() -> None:
+    summary = RunSummary(memory_at_peak={"unsharded_parameters": 3 * 2**20})
+    spec = _sharded("per_block", {"kind": "fsdp2", "world_size": 2, "shard_unit": "model"})
+    parsed = ExperimentSpec.model_validate(spec)
+    (finding,) = findings(parsed, summary, get_strategy("per_block"))
+    assert finding.code == "root_only_fsdp_unit" and "3.0 MiB of all-gathered parameters" in finding.message
+
+
+def test_the_unit_audit_flags_a_group_spanning_several_units_and_reentrant_checkpointing() -> None:
+    spans = _sharded("sequential", {"kind": "fsdp2", "world_size": 2}, segments=2)
+    assert _sharded_codes(spans) == ["segment_spans_fsdp_units"]
+    reentrant = _sharded("per_block", {"kind": "ddp", "world_size": 2}, use_reentrant=True)
+    assert _sharded_codes(reentrant) == ["reentrant_under_sharding"]
+    assert _sharded_codes({**reentrant, "distributed": {"kind": "none"}}) == []

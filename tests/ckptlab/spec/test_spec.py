@@ -213,3 +213,32 @@ def test_the_fields_come_from_the_spec_class_json_schema():
     assert hf["seq_len"]["nullable"] and (hf["seq_len"]["minimum"], hf["seq_len"]["maximum"]) == (2, 32768)
     assert hf["architecture"]["type"] == "choice" and "llama" in hf["architecture"]["enum"]
     assert get_model_kind("custom").fields()["options"]["type"] == "json"
+
+
+@pytest.mark.parametrize(
+    ("distributed", "extra", "loc", "words"),
+    [
+        ({"world_size": 2}, {}, ("distributed", "world_size"), "needs kind 'ddp' or 'fsdp2'"),
+        ({"kind": "ddp", "world_size": 2, "mixed_precision": {}}, {}, ("distributed", "mixed_precision"), "FSDP2"),
+        ({"kind": "fsdp2", "world_size": 0}, {}, ("distributed", "world_size"), "greater than or equal to 1"),
+        ({"kind": "fsdp2", "world_size": 2}, {"device": "cuda"}, ("device",), "CPU ranks"),
+        (
+            {"kind": "ddp", "world_size": 2},
+            {"checkpoint": {"strategy": "compile_budget"}},
+            ("checkpoint", "strategy"),
+            "compiles",
+        ),
+    ],
+)
+def test_a_sharded_spec_is_refused_at_the_field_that_cannot_run(distributed, extra, loc, words):
+    with pytest.raises(ValidationError) as info:
+        ExperimentSpec.model_validate({**spec_dict(**extra), "distributed": distributed})
+    (error,) = info.value.errors()
+    assert error["loc"] == loc and words in error["msg"]
+
+
+def test_a_sharded_spec_defaults_to_fsdp2s_recommended_units():
+    spec = ExperimentSpec.model_validate({**spec_dict(), "distributed": {"kind": "fsdp2", "world_size": 4}})
+    d = spec.distributed
+    assert (d.shard_unit, d.reshard_after_forward, d.mixed_precision) == ("block", True, None)
+    assert ExperimentSpec.model_validate(spec_dict()).distributed.kind == "none"

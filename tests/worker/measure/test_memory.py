@@ -36,3 +36,42 @@ def test_limit_raises_simulated_oom():
             keep = [torch.empty(1000) for _ in range(3)]  # 12,000 bytes
             del keep
     assert ei.value.limit_bytes == 10_000 and ei.value.live_bytes > 10_000
+
+
+def test_a_storage_resized_in_place_counts_at_its_new_size_and_regrown_takes_the_current_category():
+    # FSDP2 frees all-gathered parameters by resizing their storage to 0 and re-allocates
+    # them by resizing it back (UntypedStorage.resize_, which no dispatch mode sees).
+    tracker = LiveTensorTracker()
+    original = torch.UntypedStorage.resize_
+    with tracker:
+        tracker.category = "parameters"
+        t = torch.empty(1024)
+        before = tracker.live_bytes
+        t.untyped_storage().resize_(0)
+        assert tracker.live_bytes == before - 4096
+        tracker.category = "unsharded_parameters"
+        t.untyped_storage().resize_(2048)
+        assert tracker.live_bytes == before - 4096 + 2048
+        assert tracker.by_category["unsharded_parameters"] == 2048 and tracker.by_category["parameters"] == 0
+        assert tracker.peak_bytes == before
+    assert torch.UntypedStorage.resize_ is original  # put back on exit
+
+
+def test_a_wrapper_subclass_is_counted_by_the_tensors_it_wraps():
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        tracker = LiveTensorTracker()
+        with tracker:
+            tracker.category = "parameters"
+            d = distribute_tensor(torch.ones(64, 4), mesh, [Shard(0)])
+            local = d.to_local()
+            assert tracker.by_category["parameters"] >= local.untyped_storage().nbytes()
+            tracker.retag(d, "gradients")
+            assert tracker.by_category["gradients"] == local.untyped_storage().nbytes()
+    finally:
+        dist.destroy_process_group()

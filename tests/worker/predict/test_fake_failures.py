@@ -49,6 +49,11 @@ def test_a_compiling_strategy_is_refused_saying_why():
         predict_run(spec, CPU_TARGET)
 
 
+def test_the_engine_runs_a_sharded_spec_only_through_its_ranks():
+    with pytest.raises(RunError, match="one process per rank"):
+        run_experiment(make_spec(distributed={"kind": "fsdp2", "world_size": 8}))
+
+
 def test_what_a_fake_tensor_failure_means_is_read_from_the_cause():
     import torch
     from torch._subclasses.fake_tensor import UnsupportedOperatorException

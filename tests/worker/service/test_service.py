@@ -152,3 +152,21 @@ def test_cpu_slots_beyond_the_cores_wait_for_a_free_core(database_url, db_sessio
     events = sorted([(r.started_at, 1) for r in rows] + [(r.finished_at, -1) for r in rows])
     running = [sum(d for _, d in events[: k + 1]) for k in range(len(events))]
     assert max(running) <= 2, events
+
+
+def test_a_sharded_run_goes_through_the_worker_with_every_rank_stored(database_url, db_session):
+    spec = make_spec(
+        model={"kind": "mlp", "depth": 4, "width": 64, "dropout": 0.0},
+        batch_size=4,
+        checkpoint={"strategy": "per_block"},
+        distributed={"kind": "fsdp2", "world_size": 2},
+    )
+    exp = create_experiment(db_session, spec=spec)
+    assert run_worker(database_url=database_url, exit_when_idle=True, devices=["cpu"]) == 1
+    db_session.expire_all()
+    row = get_experiment(db_session, experiment_id=exp.id)
+    assert row.status == "succeeded", row.error
+    summary = row.run_summary
+    assert [r.rank for r in summary.ranks] == [0, 1] and summary.global_batch_size == 8
+    assert summary.sharded_gradients.match
+    assert [s.step for s in list_steps(db_session, experiment_id=exp.id)] == [1, 2, 3]

@@ -1,0 +1,110 @@
+"""Sharded runs on CPU ranks (gloo): FSDP2 and DDP at world size 2 succeed under none,
+per_block and auto on an MLP, the built-in transformer and a small hf llama; each rank holds
+its share of the parameters; the gradients equal one process's on the same global batch; a
+4-rank run works on this 2-core host; a rank killed with SIGKILL ends the run saying so and
+leaves no rank behind."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from ckptlab.domain import MemoryCategory
+from ckptlab.worker.distributed import run_distributed
+from ckptlab.worker.distributed.launch import RANK_MODULE
+from ckptlab.worker.errors import RunError
+from tests.factories import SHARDED_MODELS, sharded_spec
+
+PARAMETERS = MemoryCategory.PARAMETERS.value
+MODELS = list(SHARDED_MODELS)
+
+
+def _rank_pids() -> list[int]:
+    """This process's rank children (``python -m ckptlab.worker.distributed.rank``)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == os.getpid() and RANK_MODULE.encode() in cmdline:
+            pids.append(int(proc.name))
+    return pids
+
+
+@pytest.mark.parametrize("strategy", ["none", "per_block", "auto"])
+@pytest.mark.parametrize("model", MODELS)
+def test_fsdp2_on_two_cpu_ranks_shards_the_parameters_and_keeps_the_gradients(model, strategy, measured):
+    summary = measured(sharded_spec(model, strategy))
+    assert summary.world_size == 2 and summary.global_batch_size == 8 and len(summary.ranks) == 2
+    worst = max(summary.ranks, key=lambda r: r.peak_allocated_bytes)
+    assert summary.peak_allocated_bytes == worst.peak_allocated_bytes and summary.worst_rank == worst.rank
+    share = math.ceil(summary.param_count / 2) * 4  # fp32 bytes of half the parameters
+    for rank in summary.ranks:
+        held = rank.memory_at_forward_end[PARAMETERS]
+        assert abs(held - share) <= 0.01 * share, (rank.rank, held, share)
+        assert rank.memory_at_peak[MemoryCategory.UNSHARDED_PARAMETERS.value] >= 0
+    check = summary.sharded_gradients
+    assert check is not None and check.match, check
+    assert check.worst_rel_error <= check.tolerance and check.params_compared > 0
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_ddp_on_two_cpu_ranks_keeps_the_gradients(model, measured):
+    summary = measured(sharded_spec(model, "per_block", kind="ddp"))
+    assert summary.sharded_gradients.match, summary.sharded_gradients
+    for rank in summary.ranks:  # every rank holds the whole model; its buckets are communication
+        assert rank.memory_at_forward_end[PARAMETERS] >= summary.param_count * 4
+        assert rank.memory_at_forward_end[MemoryCategory.COMMUNICATION.value] > 0
+
+
+def test_rank_0_streams_its_steps():
+    steps = []
+    run_distributed(sharded_spec("mlp", "per_block"), on_step=steps.append)
+    assert [s["step"] for s in steps] == [1, 2, 3, 4, 5]  # 3 memory steps, 2 timed
+
+
+def test_four_fsdp2_ranks_run_on_a_two_core_host(measured):
+    summary = measured(sharded_spec("mlp", "per_block", world_size=4))
+    assert [r.rank for r in summary.ranks] == [0, 1, 2, 3] and summary.global_batch_size == 16
+    assert summary.sharded_gradients.match
+    share = math.ceil(summary.param_count / 4) * 4
+    assert all(abs(r.memory_at_forward_end[PARAMETERS] - share) <= 0.01 * share for r in summary.ranks)
+
+
+def test_more_ranks_hold_fewer_bytes_each(measured):
+    two = measured(sharded_spec("mlp", "per_block"))
+    four = measured(sharded_spec("mlp", "per_block", world_size=4))
+    assert four.peak_allocated_bytes < two.peak_allocated_bytes
+
+
+def test_a_killed_rank_ends_the_run_naming_it_and_no_rank_is_left():
+    killed = []
+
+    def kill_rank_1(record):
+        if not killed:
+            pids = sorted(_rank_pids())
+            os.kill(pids[1], signal.SIGKILL)
+            killed.append(pids)
+
+    spec = sharded_spec("mlp", "per_block").model_copy(update={"steps": 50, "memory_early_stop": False})
+    with pytest.raises(RunError, match=r"rank 1 exited \(signal 9\)"):
+        run_distributed(spec, on_step=kill_rank_1)
+    deadline = time.monotonic() + 10
+    while _rank_pids() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _rank_pids() == []
+
+
+def test_a_rank_that_fails_ends_the_run_with_its_error():
+    spec = sharded_spec("mlp", "none").model_copy(update={"memory_limit_bytes": 1024})
+    with pytest.raises(RunError, match=r"^rank \d: out of memory"):
+        run_distributed(spec)
