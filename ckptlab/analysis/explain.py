@@ -34,6 +34,8 @@ FINDING_CODES = {
     "reentrant_under_sharding": "reentrant checkpointing under DDP or FSDP2 recomputes outside the autograd "
     "graph their gradient hooks follow (pytorch/pytorch#24005)",
     "root_only_fsdp_unit": "the root is the only FSDP unit: every parameter is all-gathered at once",
+    "fsdp_inside_block": "FSDP units sit inside the checkpointed blocks (each block's children sharded apart, "
+    "huggingface/accelerate#4172): a block's recomputation all-gathers its children one by one inside backward",
     "segment_spans_fsdp_units": "a checkpointed group spans several FSDP units: its recomputation all-gathers "
     "them all at once in backward",
 }
@@ -120,10 +122,13 @@ def _sharding_audit(spec: ExperimentSpec, summary: RunSummary, strategy: Strateg
     if kind != "fsdp2":
         return out
     unsharded = (summary.memory_at_peak or {}).get(MemoryCategory.UNSHARDED_PARAMETERS.value)
+    held = f" ({format_bytes(unsharded)} of all-gathered parameters at the peak)" if unsharded else ""
     if spec.distributed.shard_unit == "model":
-        held = f" ({format_bytes(unsharded)} of all-gathered parameters at the peak)" if unsharded else ""
         message = f"{FINDING_CODES['root_only_fsdp_unit']}{held}; shard each block first (shard_unit block)"
         out.append(_finding("root_only_fsdp_unit", message))
+    elif spec.distributed.shard_unit == "block_children" and strategy.recomputes:
+        message = f"{FINDING_CODES['fsdp_inside_block']}{held}; shard each block whole (shard_unit block)"
+        out.append(_finding("fsdp_inside_block", message))
     elif strategy.recomputes:
         groups = _checkpointed_groups(spec, summary, strategy)
         widest = max((end - start for start, end in groups), default=1)

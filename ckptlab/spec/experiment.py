@@ -147,8 +147,10 @@ class DistributedSpec(_Strict):
             memory, one more all-gather per unit); False keeps them from forward to backward.
         mixed_precision: FSDP2 only: a :class:`MixedPrecisionSpec`, or None (fp32).
         shard_unit: FSDP2's units: ``block`` (each block is ``fully_shard``-ed after its
-            checkpoint wrapper is applied, then the root: torchtitan's order) or ``model``
-            (the root only: every parameter all-gathered at once).
+            checkpoint wrapper is applied, then the root: torchtitan's order), ``model``
+            (the root only: every parameter all-gathered at once) or ``block_children``
+            (each child module of every block, then the root: units inside the checkpointed
+            blocks, the shape of huggingface/accelerate#4172, which the unit audit flags).
 
     Real runs on CPU use the gloo backend (``init_device_mesh("cpu", ...)``; gloo has no
     ``PREMUL_SUM``, so FSDP2 keeps its default gradient division); on CUDA, NCCL with one GPU
@@ -159,7 +161,7 @@ class DistributedSpec(_Strict):
     world_size: SpecInt = Field(1, ge=1, le=MAX_WORLD_SIZE)
     reshard_after_forward: StrictBool = True
     mixed_precision: MixedPrecisionSpec | None = None
-    shard_unit: Literal["block", "model"] = "block"
+    shard_unit: Literal["block", "model", "block_children"] = "block"
 
     @model_validator(mode="after")
     def _consistent(self) -> DistributedSpec:

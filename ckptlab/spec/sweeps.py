@@ -69,6 +69,8 @@ AXIS_NAMES: dict[str, tuple[str, str, str]] = {
     "checkpoint.use_reentrant": ("reentrant", "reentrant setting", "reentrant settings"),
     "amp": ("amp", "AMP mode", "AMP modes"),
     "batch_size": ("batch_size", "batch size", "batch sizes"),
+    "distributed.world_size": ("ranks", "world size", "world sizes"),
+    "distributed.kind": ("sharding", "sharding", "shardings"),
 }
 
 

@@ -146,7 +146,8 @@ class Rank:
     def wrap(self, built: Built, blocks: list[nn.Module], meter: Meter | None) -> Built:
         """``built`` wrapped for the run (its blocks already checkpointed): DDP around the
         whole model, or ``fully_shard`` on each of ``blocks`` (the model's blocks as built,
-        before checkpoint wrappers; ``shard_unit: block``) and then on the root. Every rank
+        before checkpoint wrappers; ``shard_unit: block``) or on each of their children
+        (``block_children``), and then on the root. Every rank
         cuts its micro-batch from the same global batch (:func:`rank_batch`). What the
         wrapping allocates is tagged on ``meter`` (None: not measured)."""
         tag = meter.set_category if meter is not None else (lambda _category: None)
@@ -178,10 +179,10 @@ class Rank:
             self._categories.__enter__()
         tag(MemoryCategory.PARAMETERS)
         try:
-            if self.spec.shard_unit == "block":
-                for block in blocks:
-                    if any(True for _ in block.parameters()):
-                        fully_shard(block, **options)
+            units = {"block": blocks, "block_children": [c for b in blocks for c in b.children()]}
+            for unit in units.get(self.spec.shard_unit, []):
+                if any(True for _ in unit.parameters()):
+                    fully_shard(unit, **options)
             fully_shard(built.module, **options)
         finally:
             tag(MemoryCategory.OTHER)

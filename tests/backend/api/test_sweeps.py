@@ -12,7 +12,7 @@ import statistics
 import pytest
 
 from ckptlab.db import queue
-from ckptlab.spec.sweeps import SweepError, plan_sweep, unknown_axis_error
+from ckptlab.spec.sweeps import SweepError, axis_label, plan_sweep, unknown_axis_error
 from tests.factories import hf_model, spec_dict
 from tests.support import wait_for
 
@@ -40,6 +40,17 @@ def test_plan_expands_the_product_and_adds_a_baseline_per_non_checkpoint_combina
     got = {(r.spec.checkpoint.segments, r.spec.checkpoint.preserve_rng_state, r.spec.amp) for r in runs}
     assert got == set(itertools.product([1, 2, 4, 8], [True, False], ["off", "bf16"]))
     assert all(r.spec.checkpoint.strategy == "sequential" and r.spec.model.depth == 8 for r in runs)
+
+
+def test_a_sweep_over_world_sizes_gives_each_size_its_baseline():
+    base = {**SEQ, "distributed": {"kind": "fsdp2", "world_size": 2}}
+    plan = plan_sweep(base, {"distributed.world_size": [2, 4], "checkpoint.segments": [2]})
+    firsts = [r for r in plan.runs if not r.repeat]
+    assert plan.invalid == [] and len(firsts) == 4  # a none baseline and a sequential run per world size
+    assert sorted({r.spec.distributed.world_size for r in firsts if r.baseline}) == [2, 4]
+    assert axis_label({"distributed.world_size": 4, "distributed.kind": "fsdp2"}) == "ranks=4 sharding=fsdp2"
+    kinds = plan_sweep({**SEQ, "distributed": {"kind": "none"}}, {"distributed.kind": ["none", "ddp"]})
+    assert kinds.invalid == [] and {r.spec.distributed.kind for r in kinds.runs} == {"none", "ddp"}
 
 
 def test_plan_reports_invalid_combinations_instead_of_dropping_them():

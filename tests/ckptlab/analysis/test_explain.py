@@ -58,3 +58,10 @@ def test_the_unit_audit_flags_a_group_spanning_several_units_and_reentrant_check
     reentrant = _sharded("per_block", {"kind": "ddp", "world_size": 2}, use_reentrant=True)
     assert _sharded_codes(reentrant) == ["reentrant_under_sharding"]
     assert _sharded_codes({**reentrant, "distributed": {"kind": "none"}}) == []
+
+
+def test_the_unit_audit_fires_on_units_inside_the_checkpointed_blocks() -> None:
+    per_child = _sharded("per_block", {"kind": "fsdp2", "world_size": 2, "shard_unit": "block_children"})
+    assert _sharded_codes(per_child) == ["fsdp_inside_block"]
+    kept = _sharded("none", {"kind": "fsdp2", "world_size": 2, "shard_unit": "block_children"})
+    assert _sharded_codes(kept) == []  # nothing recomputed: no recomputation all-gathers them

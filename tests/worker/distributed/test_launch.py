@@ -108,3 +108,11 @@ def test_a_rank_that_fails_ends_the_run_with_its_error():
     spec = sharded_spec("mlp", "none").model_copy(update={"memory_limit_bytes": 1024})
     with pytest.raises(RunError, match=r"^rank \d: out of memory"):
         run_distributed(spec)
+
+
+def test_units_inside_the_checkpointed_blocks_run_and_the_audit_names_them(measured):
+    summary = measured(sharded_spec("hf-llama", "per_block", shard_unit="block_children"))
+    assert summary.sharded_gradients.match
+    assert "fsdp_inside_block" in [f.code for f in summary.findings]
+    torchtitan = measured(sharded_spec("hf-llama", "per_block"))
+    assert not [f for f in torchtitan.findings if f.code == "fsdp_inside_block"]
