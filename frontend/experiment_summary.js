@@ -177,8 +177,8 @@ export function renderSummary(exp, baseline) {
   const errBox = $('exp-error');
   if (exp.error) {
     const first = exp.error.split('\n')[0];
-    errBox.replaceChildren(el('strong', null, `${exp.status.replace('_', ' ')}: `), first,
-      exp.error.includes('\n') ? el('details', null, el('summary', null, 'details'), el('pre', null, exp.error)) : null);
+    const more = exp.error.includes('\n') ? [el('details', null, el('summary', null, 'details'), el('pre', null, exp.error))] : [];
+    errBox.replaceChildren(el('strong', null, `${exp.status.replace('_', ' ')}: `), first, ...more);
     errBox.hidden = false;
   } else {
     errBox.hidden = true;

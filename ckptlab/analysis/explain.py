@@ -10,7 +10,15 @@ from ckptlab.spec.experiment import ExperimentSpec
 from ckptlab.strategies import BASELINE, Mechanism, Strategy
 from ckptlab.summary import Finding, RunSummary
 
-__all__ = ["format_bytes", "peak_sentence", "findings", "FINDING_CODES", "SAVING_THRESHOLD", "SAVING_FLOOR_BYTES"]
+__all__ = [
+    "format_bytes",
+    "oom_advice",
+    "peak_sentence",
+    "findings",
+    "FINDING_CODES",
+    "SAVING_THRESHOLD",
+    "SAVING_FLOOR_BYTES",
+]
 
 #: A checkpointing setting "saves" activations only when it keeps at least this fraction
 #: fewer bytes than the same model without checkpointing (1%; smaller differences are
@@ -54,6 +62,26 @@ def format_bytes(n: float | None) -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     return f"{value:.1f} GiB"
+
+
+#: What would get a run past an out-of-memory in each phase: checkpointing only helps where
+#: activations are what fills the memory (forward, and backward while they are still held).
+_OOM_ADVICE = {
+    "setup": "the model, its optimizer or the reference copies did not fit before any activation existed: "
+    "checkpointing cannot help; use a smaller model, an optimizer with less state (sgd) or a larger memory limit",
+    "forward": "activations filled the memory: checkpoint more blocks (per_block, or auto with a budget) or lower "
+    "batch_size",
+    "backward": "the activations still held and backward's gradients and temporaries filled the memory: "
+    "checkpoint more blocks (per_block, or auto with a budget) or lower batch_size",
+    "optimizer": "the optimizer step's state and temporaries filled the memory after the activations were freed: "
+    "checkpointing cannot help; use an optimizer with less state (sgd), fewer parameters or a larger memory limit",
+}
+
+
+def oom_advice(phase: str | None) -> str:
+    """What to change after an out-of-memory in ``phase`` (``setup``, ``forward``,
+    ``backward``, ``optimizer``; another or None: the general advice), one sentence."""
+    return _OOM_ADVICE.get(phase or "", "lower batch_size, checkpoint more blocks or raise the memory limit")
 
 
 def peak_sentence(summary: RunSummary, *, optimizer: str | None = None) -> str | None:

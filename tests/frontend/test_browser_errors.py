@@ -7,6 +7,7 @@ import re
 
 from playwright.sync_api import expect
 
+from tests.factories import spec_dict
 from tests.frontend.support import (
     RUN_TIMEOUT_MS,
     Tab,
@@ -141,3 +142,20 @@ def test_invalid_sweep_values_show_field_errors(app_url: str, tab: Tab) -> None:
 
 
 # ----------------------------------------------------------------------------- list
+
+
+def test_an_out_of_memory_in_setup_reads_as_such_and_never_null(app_url: str, tab: Tab) -> None:
+    page = tab.page
+    body = spec_dict(memory_limit_bytes=1000)  # over the limit while building the model
+    page.goto(f"{app_url}/#/")
+    created = page.evaluate(
+        "(b) => fetch('/api/experiments', {method: 'POST', headers: {'Content-Type': 'application/json'},"
+        " body: JSON.stringify(b)}).then((r) => r.json())",
+        body,
+    )
+    page.goto(f"{app_url}/#/experiments/{created['id']}")
+    box = page.locator("#exp-error")
+    expect(box).to_contain_text("out of memory in setup", timeout=RUN_TIMEOUT_MS)
+    expect(box).to_contain_text("checkpointing cannot help")
+    assert "null" not in box.text_content()
+    tab.assert_no_errors()

@@ -37,7 +37,7 @@ from collections.abc import Callable
 
 import torch
 
-from ckptlab.analysis.explain import findings, peak_sentence
+from ckptlab.analysis.explain import findings, oom_advice, peak_sentence
 from ckptlab.spec.experiment import ExperimentSpec
 from ckptlab.strategies import Strategy, get_strategy
 from ckptlab.summary import RunSummary
@@ -157,7 +157,7 @@ def run_experiment(
                 live = meter.probe.live_bytes
             limit = spec.memory_limit_bytes
             raise RunOutOfMemory(
-                f"out of memory in {where['phase']} of step {where['step']}: {exc}",
+                f"out of memory in {where['phase']} of step {where['step']}: {exc}; {oom_advice(where['phase'])}",
                 warnings=warnings_so_far(),
                 details={**where, "live_bytes": live, "limit_bytes": limit},
             ) from exc
@@ -165,7 +165,10 @@ def run_experiment(
             if is_out_of_memory(exc):  # host memory: the child's cap (ckptlab.worker.measure.hostmem) or the machine's
                 live = meter.probe.live_bytes if meter is not None and meter.exact else None
                 details = oom_details(where, exc, live)
-                msg = f"out of host memory in {where['phase']} of step {where['step']}: {type(exc).__name__}: {exc}"
+                msg = (
+                    f"out of host memory in {where['phase']} of step {where['step']}: {type(exc).__name__}: {exc}; "
+                    f"{oom_advice(where['phase'])}"
+                )
                 raise RunOutOfMemory(msg, warnings=warnings_so_far(), details=details) from exc
             raise RunError(f"{type(exc).__name__}: {exc}", warnings=warnings_so_far()) from exc
         caught = warnings_so_far()

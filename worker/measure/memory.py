@@ -40,8 +40,7 @@ class SimulatedOutOfMemoryError(MemoryError):
 
     def __init__(self, live_bytes: int, limit_bytes: int):
         super().__init__(
-            f"simulated out of memory: {live_bytes} live tensor bytes exceed the limit of "
-            f"{limit_bytes} bytes; lower batch_size or checkpoint more segments"
+            f"simulated out of memory: {live_bytes} live tensor bytes exceed the limit of {limit_bytes} bytes"
         )
         self.live_bytes = live_bytes
         self.limit_bytes = limit_bytes

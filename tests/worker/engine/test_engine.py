@@ -174,6 +174,20 @@ def test_memory_limit_emulates_out_of_memory():
     assert ok["peak_allocated_bytes"] <= 10 * 2**20
 
 
+def test_out_of_memory_advice_follows_the_phase_it_happened_in():
+    # In setup (the model and its copies) checkpointing cannot help; in forward it can.
+    with pytest.raises(RunOutOfMemory) as setup:
+        run(memory_limit_bytes=1_000)
+    assert setup.value.details["phase"] == "setup"
+    assert "checkpointing cannot help" in str(setup.value) and "checkpoint more" not in str(setup.value)
+    fixed, _ = run(memory_limit_bytes=10 * 2**20)
+    above_fixed = fixed["memory_at_forward_end"]["parameters"] + fixed["memory_at_forward_end"]["optimizer_state"]
+    with pytest.raises(RunOutOfMemory) as later:
+        run(memory_limit_bytes=above_fixed + 4096, batch_size=256, verify_gradients=False)
+    assert later.value.details["phase"] in ("forward", "backward")
+    assert "checkpoint more blocks" in str(later.value)
+
+
 def test_fp16_uses_grad_scaler_and_matches():
     summary, _ = run(amp="fp16", **{"checkpoint.strategy": "per_block"})
     assert summary["gradients_match"] is True and math.isfinite(summary["final_loss"])
