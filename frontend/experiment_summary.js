@@ -31,7 +31,7 @@ export function renderSpec(spec, summary = null) {
   const m = spec.model || {};
   const c = spec.checkpoint || {};
   const modelParts = Object.entries(m)
-    .filter(([k]) => k !== 'kind')
+    .filter(([k, v]) => k !== 'kind' && v !== null && v !== undefined) // a field this kind leaves unset
     .map(([k, v]) => `${k} ${typeof v === 'object' && v !== null ? JSON.stringify(v) : v}`);
   const entries = [
     ['Model', [m.kind, ...modelParts].join(' · ')],
@@ -63,12 +63,19 @@ function bytesDd(v) {
 }
 
 /** "−42% vs baseline" style change, colored by whether lower is better. */
-function delta(v, base, { lowerIsBetter = true } = {}) {
+function delta(v, base, { lowerIsBetter = true, against = 'baseline', id = null } = {}) {
   if (typeof v !== 'number' || typeof base !== 'number' || !base) return null;
   const pct = 100 * (v / base - 1);
   const good = lowerIsBetter ? pct < -0.5 : pct > 0.5;
   const bad = lowerIsBetter ? pct > 0.5 : pct < -0.5;
-  return el('span', { class: `delta ${good ? 'good' : bad ? 'bad' : ''}` }, `${fmtPct(pct)} vs baseline`);
+  return el('span', { class: `delta ${good ? 'good' : bad ? 'bad' : ''}`, id }, `${fmtPct(pct)} vs ${against}`);
+}
+
+/** The activations against the gradient check's un-checkpointed reference forward (same
+ * weights and batch, measured in this run): the saving, known without a baseline run. */
+function referenceDelta(s) {
+  const own = typeof s.activation_bytes === 'number' ? s.activation_bytes - (s.rng_state_bytes || 0) : null;
+  return delta(own, s.reference_activation_bytes, { against: 'no checkpointing (reference forward)', id: 'm-activation-ref' });
 }
 
 /** The step-time overhead from the server's comparison: a signed number only when it is
@@ -117,7 +124,7 @@ export function renderSummary(exp, baseline) {
     headline.replaceChildren(
       el('div', { class: 'metric' }, el('span', { class: 'label' }, 'Activations'),
         el('span', { class: 'value', id: 'm-activation' }, fmtBytes(s.activation_bytes)),
-        b && !isBaseline ? delta(s.activation_bytes, b.activation_bytes) : null),
+        isBaseline ? null : b ? delta(s.activation_bytes, b.activation_bytes) : referenceDelta(s)),
       el('div', { class: 'metric' }, el('span', { class: 'label' }, 'Peak allocated'),
         el('span', { class: 'value', id: 'm-peak' }, fmtBytes(s.peak_allocated_bytes)),
         b && !isBaseline ? delta(s.peak_allocated_bytes, b.peak_allocated_bytes) : null,

@@ -7,7 +7,7 @@ import re
 
 from playwright.sync_api import expect
 
-from tests.factories import spec_dict
+from tests.factories import hf_model, spec_dict
 from tests.frontend.support import (
     RUN_TIMEOUT_MS,
     Tab,
@@ -144,18 +144,48 @@ def test_invalid_sweep_values_show_field_errors(app_url: str, tab: Tab) -> None:
 # ----------------------------------------------------------------------------- list
 
 
-def test_an_out_of_memory_in_setup_reads_as_such_and_never_null(app_url: str, tab: Tab) -> None:
-    page = tab.page
-    body = spec_dict(memory_limit_bytes=1000)  # over the limit while building the model
+def _submit(page, app_url: str, body: dict) -> dict:
+    """POST ``body`` to /api/experiments from the page (the app's origin); the created experiment."""
     page.goto(f"{app_url}/#/")
-    created = page.evaluate(
+    return page.evaluate(
         "(b) => fetch('/api/experiments', {method: 'POST', headers: {'Content-Type': 'application/json'},"
         " body: JSON.stringify(b)}).then((r) => r.json())",
         body,
     )
+
+
+def test_an_out_of_memory_in_setup_reads_as_such_and_never_null(app_url: str, tab: Tab) -> None:
+    page = tab.page
+    body = spec_dict(memory_limit_bytes=1000)  # over the limit while building the model
+    created = _submit(page, app_url, body)
     page.goto(f"{app_url}/#/experiments/{created['id']}")
     box = page.locator("#exp-error")
     expect(box).to_contain_text("out of memory in setup", timeout=RUN_TIMEOUT_MS)
     expect(box).to_contain_text("checkpointing cannot help")
     assert "null" not in box.text_content()
+    tab.assert_no_errors()
+
+
+def test_the_spec_panel_leaves_out_fields_the_model_does_not_set(app_url: str, tab: Tab) -> None:
+    page = tab.page
+    body = spec_dict(model=hf_model("llama"), steps=2, timed_steps=0)
+    created = _submit(page, app_url, body)
+    assert None in created["spec"]["model"].values()  # e.g. image_size: a language model has none
+    page.goto(f"{app_url}/#/experiments/{created['id']}")
+    spec = page.locator("#exp-spec")
+    expect(spec).to_contain_text("hidden_size 32")
+    assert "null" not in spec.text_content()
+    tab.assert_no_errors()
+
+
+def test_the_saving_shows_from_the_reference_forward_without_a_baseline_run(app_url: str, tab: Tab) -> None:
+    page = tab.page
+    transformer = {"kind": "transformer", "depth": 2, "d_model": 32, "heads": 2, "seq_len": 16, "vocab_size": 100}
+    body = spec_dict(model=transformer, **{"checkpoint.strategy": "per_block"})
+    created = _submit(page, app_url, body)
+    page.goto(f"{app_url}/#/experiments/{created['id']}")
+    saving = page.locator("#m-activation-ref")
+    expect(saving).to_have_text(
+        re.compile(r"^−\d+(\.\d+)?% vs no checkpointing \(reference forward\)$"), timeout=RUN_TIMEOUT_MS
+    )
     tab.assert_no_errors()
