@@ -52,12 +52,17 @@ def token_app(tmp_path: Path) -> Iterator[App]:
 
 
 def _fill_long_mlp(page: Page) -> None:
-    """The single-experiment form: a small MLP on the CPU with 20,000 steps (it stays live)."""
+    """The single-experiment form: a small MLP on the CPU with 20,000 steps, every one run
+    (memory early stop off: with it the memory pass ends after a few flat steps and the run
+    could finish before a test clicks Cancel)."""
     page.select_option("#model\\.kind", "mlp")
     page.fill("#f-mlp-depth", "4")
     page.fill("#f-mlp-width", "32")
     page.fill("#steps", "20000")
     page.select_option("#device", "cpu")
+    if not page.locator("#memory_early_stop").is_visible():
+        page.click("#advanced > summary")
+    page.uncheck("#memory_early_stop")
 
 
 def _wait_for_stored_step(data_dir: Path, experiment_id: int, step: int) -> None:
