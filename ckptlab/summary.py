@@ -86,6 +86,11 @@ class RankFigures(BaseModel):
     memory_at_forward_end: dict[str, int] = Field(default_factory=dict)
     reserved_bytes: int | None = None
 
+    @classmethod
+    def of(cls, rank: int, summary: RunSummary) -> RankFigures:
+        """Rank ``rank``'s figures: the same-named fields of its own run's ``summary``."""
+        return cls(rank=rank, **{name: getattr(summary, name) for name in cls.model_fields if name != "rank"})
+
 
 class ShardedGradientCheck(BaseModel):
     """A sharded run's gradients against one process's on the same global batch and weights:

@@ -177,13 +177,15 @@ def run(
 def _parse_capacity(capacity: str | None) -> int | None:
     """``--capacity`` as bytes (digits, ``_`` allowed). Raises ``typer.Exit(2)`` with one line
     when it is not a whole number above 0."""
+    from ckptlab.prediction.targets import MAX_CAPACITY_BYTES
+
     if capacity is None:
         return None
     try:
         value = int(capacity.replace("_", ""), 10)
     except ValueError:
         value = 0
-    if value <= 0 or value > 2**50:
+    if value <= 0 or value > MAX_CAPACITY_BYTES:
         raise _fail(f"--capacity: expected a whole number of bytes above 0 (at most 2**50), got {capacity!r}")
     return value
 

@@ -22,14 +22,11 @@ from torch import nn
 
 from ckptlab.domain import Status
 from ckptlab.prediction.budget import with_default_budget
-from ckptlab.prediction.targets import Target, get_target
+from ckptlab.prediction.targets import MAX_CAPACITY_BYTES, Target, get_target
 from ckptlab.spec.experiment import CheckpointSpec, ExperimentSpec, PythonModelSpec
 from ckptlab.summary import RunSummary
 
 __all__ = ["predict", "predict_and_store", "PredictionResult"]
-
-#: Largest ``capacity_bytes`` accepted: 1 PiB, as the API's.
-MAX_CAPACITY_BYTES = 2**50
 
 
 class PredictionResult(RunSummary):

@@ -11,7 +11,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, 
 from ckptlab.backend.schemas.common import EXAMPLE_SUMMARY, SummaryPublic, examples
 from ckptlab.domain import Status
 from ckptlab.prediction.budget import needs_budget
-from ckptlab.prediction.targets import get_target, target_names
+from ckptlab.prediction.targets import MAX_CAPACITY_BYTES, get_target, target_names
 from ckptlab.spec.base import SpecInt
 from ckptlab.spec.experiment import ExperimentSpec
 from ckptlab.spec.presets import EXAMPLE_SPEC
@@ -25,8 +25,6 @@ __all__ = [
     "PredictionsPublic",
 ]
 
-#: Largest ``capacity_bytes`` a request may give: 1 PiB, above any device (and a 64-bit column).
-MAX_CAPACITY_BYTES = 2**50
 _EXAMPLE_TARGET = "h100-80gb"
 
 

@@ -41,6 +41,7 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 __all__ = [
+    "MAX_CAPACITY_BYTES",
     "Target",
     "TARGETS",
     "CPU_TARGET",
@@ -57,6 +58,9 @@ MiB = 1024**2
 SdpaBackend = Literal["flash", "efficient", "math", "cpu"]
 #: What a prediction for a GPU target says until scripts/gpu-check has measured that card.
 UNVERIFIED = "unverified on CUDA: no scripts/gpu-check run has measured this card yet (docs/benchmarks.md)"
+#: Largest ``capacity_bytes`` a prediction may be given: 1 PiB, above any device (and a
+#: 64-bit column); the API, the CLI and ``ckptlab.predict`` check against it.
+MAX_CAPACITY_BYTES = 2**50
 #: CUDA caching allocator: every block is a multiple of this many bytes.
 CUDA_BLOCK_BYTES = 512
 

@@ -184,7 +184,7 @@ def _exit_text(code: int) -> str:
 def combine(summaries: dict[int, RunSummary], spec: ExperimentSpec) -> RunSummary:
     """The run's summary from its ranks' (see :func:`run_distributed`'s Returns)."""
     worst = max(summaries, key=lambda r: (summaries[r].peak_allocated_bytes or 0, -r))
-    figures = [RankFigures(rank=r, **{f: getattr(s, f) for f in _RANK_FIELDS}) for r, s in sorted(summaries.items())]
+    figures = [RankFigures.of(r, s) for r, s in sorted(summaries.items())]
     out = summaries[0].model_copy(deep=True)
     for field in _MEMORY_FIELDS:
         setattr(out, field, getattr(summaries[worst], field))

@@ -325,6 +325,5 @@ def _as_prediction(summary: RunSummary, facts: Facts) -> RunSummary:
     world = facts.spec.distributed.world_size
     if facts.spec.distributed.kind != "none":  # one rank traced: FSDP2 pads every shard alike
         summary.world_size, summary.global_batch_size, summary.worst_rank = world, facts.spec.batch_size * world, 0
-        fields = {f: getattr(summary, f) for f in RankFigures.model_fields if f != "rank"}
-        summary.ranks = [RankFigures(rank=0, **fields)]
+        summary.ranks = [RankFigures.of(0, summary)]
     return summary
