@@ -22,9 +22,18 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 from ckptlab.backend.api import experiments, meta, plans, predictions, sweeps
 from ckptlab.backend.deps import WRITE_METHODS, require_write_token
 from ckptlab.backend.encoding import SafeJSONResponse
-from ckptlab.backend.middleware import MAX_JSON_DEPTH, AllowEveryMethod, BodySizeLimit, WriteGuard
+from ckptlab.backend.middleware import (
+    MAX_JSON_DEPTH,
+    AllowEveryMethod,
+    BodySizeLimit,
+    CatchErrors,
+    StreamCap,
+    StreamSlots,
+    WriteGuard,
+)
+from ckptlab.backend.services.responses import BUSY_RESPONSE, SSE_MEDIA_TYPE
 from ckptlab.backend.services.series import SeriesCache, series_warmer_task
-from ckptlab.backend.services.streams import SharedPolls, StreamSlots
+from ckptlab.backend.services.streams import SharedPolls
 from ckptlab.db.database import make_engine, make_sessionmaker, migrate
 from ckptlab.db.reaper import reaper_task
 from ckptlab.settings import Settings, get_settings
@@ -55,7 +64,11 @@ Events), and read their per-step series, charts and exports.
 - A database too busy to answer (a lock held longer than the busy timeout) gets 503 with
   ``Retry-After``: send the same request again after that many seconds.
 - When the server sets ``CKPTLAB_API_TOKEN``, writes (POST, PUT, PATCH, DELETE) need
-  ``Authorization: Bearer <token>``; reads stay open.
+  ``Authorization: Bearer <token>``; reads stay open, but for a run's log
+  (``GET /api/experiments/{{id}}/log``: its traceback names the host's files).
+- A stored row that does not read back (invalid JSON, a date that is not one) is served
+  with ``corrupt`` saying what failed, never a 500 for the listing; an unexpected error is
+  a 500 that leaves the connection open.
 - Times are in ms, memory in bytes, timestamps in UTC.
 """
 
@@ -102,15 +115,20 @@ def _integrity_error(request: Request, exc: Exception) -> JSONResponse:
 
 
 def _openapi_reads_need_no_token(app: FastAPI) -> None:
-    """Show the bearer requirement on write operations only (reads stay open)."""
+    """Show the bearer requirement on write operations and on the reads that need the token
+    (those that document a 401: :func:`ckptlab.backend.deps.require_token`) only, and nowhere
+    when the server sets no token; other reads stay open."""
     default = app.openapi
+    token = app.state.settings.api_token is not None
 
     def openapi() -> dict:
         if app.openapi_schema is None:
             schema = default()
             for ops in schema.get("paths", {}).values():
                 for method, op in ops.items():
-                    if method.upper() not in WRITE_METHODS and isinstance(op, dict):
+                    if not isinstance(op, dict) or method.upper() in WRITE_METHODS:
+                        continue
+                    if not (token and "401" in op.get("responses", {})):
                         op.pop("security", None)
             app.openapi_schema = schema
         return app.openapi_schema
@@ -139,7 +157,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.engine = engine
         app.state.sessionmaker = make_sessionmaker(engine)
         app.state.series_cache = SeriesCache(settings.series_cache_bytes)
-        app.state.stream_slots = StreamSlots(settings.max_streams)
         app.state.shared_polls = SharedPolls(ttl_s=settings.sse_poll_interval_s)
         # Side tasks: requeue experiments of lost workers; keep running series warm. A pass
         # that raises is logged and the loop goes on (restart), so the API keeps serving.
@@ -167,7 +184,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     auth = [Depends(require_write_token)] if settings.api_token is not None else []
-    api = APIRouter(prefix="/api", dependencies=auth)
+    api = APIRouter(prefix="/api", dependencies=auth, responses=BUSY_RESPONSE)
     api.include_router(experiments.router)
     api.include_router(sweeps.router)
     api.include_router(plans.router)
@@ -189,6 +206,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_exception_handler(DataError, _data_error)
     app.add_exception_handler(IntegrityError, _integrity_error)
     app.add_exception_handler(OperationalError, _db_busy)
+    # Innermost: an exception no handler took is a 500 that ends there (no reset connection).
+    app.add_middleware(CatchErrors)
+    # Then the stream cap: a stream over it is refused before any work for it (no routing).
+    app.state.stream_slots = StreamSlots(settings.max_streams)
+    app.add_middleware(
+        StreamCap, slots=app.state.stream_slots, openapi=lambda: app.openapi(), media_type=SSE_MEDIA_TYPE
+    )
     if settings.cors_origins:
         app.add_middleware(
             CORSMiddleware,

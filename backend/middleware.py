@@ -3,13 +3,32 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
+import threading
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
 import numpy as np
 
-__all__ = ["BodySizeLimit", "AllowEveryMethod", "WriteGuard", "json_nesting_depth", "MAX_JSON_DEPTH"]
+__all__ = [
+    "BodySizeLimit",
+    "AllowEveryMethod",
+    "WriteGuard",
+    "CatchErrors",
+    "StreamSlots",
+    "StreamCap",
+    "path_pattern",
+    "json_nesting_depth",
+    "MAX_JSON_DEPTH",
+    "INTERNAL_ERROR",
+]
+
+log = logging.getLogger(__name__)
+
+#: The body of a 500: the details are in the server's log, not in the answer.
+INTERNAL_ERROR = "internal server error; the server logged it"
 
 #: Deepest nesting of arrays and objects a JSON body may have. A spec is 3 levels deep and a
 #: sweep 5; parsers, validators and error renderers recurse once per level, so a body
@@ -208,6 +227,12 @@ def _replay(messages: list[dict], receive: Any) -> Any:
     return replayed
 
 
+def path_pattern(template: str) -> re.Pattern[str]:
+    """The request paths of an OpenAPI path template (``/api/experiments/{experiment_id}``:
+    a parameter is one path segment)."""
+    return re.compile("^" + re.sub(r"\\{[^/]+?\\}", "[^/]+", re.escape(template)) + "$")
+
+
 class AllowEveryMethod:
     """Answer a method a documented path does not have (``OPTIONS``, ``PUT`` ...) with 405
     and an ``Allow`` header listing *every* method the path has (RFC 9110 §15.5.6).
@@ -233,11 +258,7 @@ class AllowEveryMethod:
         wins over a template that also matches it (``/api/predictions/{prediction_id}``)."""
         if self._paths is None:
             self._paths = [
-                (
-                    re.compile("^" + re.sub(r"\\{[^/]+?\\}", "[^/]+", re.escape(template)) + "$"),
-                    set(ops),
-                    "{" not in template,
-                )
+                (path_pattern(template), set(ops), "{" not in template)
                 for template, ops in self.openapi().get("paths", {}).items()
             ]
         matches = [(ops, literal) for pattern, ops, literal in self._paths if pattern.match(path)]
@@ -270,3 +291,114 @@ class AllowEveryMethod:
 
 
 _HTTP_METHODS = {"get", "put", "post", "delete", "options", "head", "patch", "trace"}
+
+
+class CatchErrors:
+    """Answer an exception no handler took with a 500 of its own and end the request there,
+    so the connection stays usable.
+
+    Starlette's outermost error middleware sends its 500 and then re-raises, for the server
+    to log; uvicorn, seeing an exception after a response started, closes the connection,
+    and a client's next request on the same keep-alive connection (``/api/health``
+    included) was reset. Here the exception is logged (logger ``ckptlab.backend.middleware``,
+    with its traceback) and answered with ``{"detail": INTERNAL_ERROR}``, and nothing is
+    re-raised. An exception after the response started (a CSV stream cut short) is
+    re-raised: the only honest end of a truncated body is a closed connection.
+
+    Args:
+        app: the ASGI app to wrap.
+    """
+
+    def __init__(self, app: Any):
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def watched(message: dict) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watched)
+        except Exception:
+            log.exception("unhandled error in %s %s", scope.get("method"), scope.get("path"))
+            if started:
+                raise
+            await _send_json(send, 500, {"detail": INTERNAL_ERROR})
+
+
+class StreamSlots:
+    """A server's cap on concurrent live streams (``max_streams``): each open stream holds a
+    slot, no database connection (it polls with a short session each time)."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.open = 0
+        self._lock = threading.Lock()
+
+    def acquire(self) -> bool:
+        """Take a slot; False when all ``limit`` are taken."""
+        with self._lock:
+            if self.open >= self.limit:
+                return False
+            self.open += 1
+            return True
+
+    def release(self) -> None:
+        """Give a slot back (a stream ended or its client left)."""
+        with self._lock:
+            self.open = max(0, self.open - 1)
+
+
+class StreamCap:
+    """The cap on live streams, checked before anything is done for a stream: a request for
+    a stream (a ``GET`` whose 200 the OpenAPI document gives as ``media_type``) holds a slot
+    of ``slots`` for as long as its response lasts (until the stream ends or its client
+    leaves, or the route answered an error), or, every slot taken, is answered here with
+    503 and ``Retry-After``, before routing: no dependency, no worker thread, no database
+    read, no event generator. A burst of streams over the cap is refused as fast as its
+    requests arrive (``bench/bench_stream_burst.py``).
+
+    Args:
+        app: the ASGI app to wrap.
+        slots: the server's stream slots.
+        openapi: returns the app's OpenAPI document (``FastAPI.openapi``), read once.
+        media_type: a stream's media type (``text/event-stream``).
+    """
+
+    #: Seconds a client refused for the stream cap is told to wait (``Retry-After``).
+    RETRY_AFTER_S = 5
+
+    def __init__(self, app: Any, *, slots: StreamSlots, openapi: Callable[[], dict], media_type: str):
+        self.app = app
+        self.slots = slots
+        self.openapi = openapi
+        self.media_type = media_type
+        self._streams: list[re.Pattern[str]] | None = None
+
+    def _is_stream(self, scope: dict) -> bool:
+        """Whether a request asks for a stream route."""
+        if self._streams is None:
+            self._streams = [
+                path_pattern(template)
+                for template, ops in self.openapi().get("paths", {}).items()
+                if self.media_type in ops.get("get", {}).get("responses", {}).get("200", {}).get("content", {})
+            ]
+        return scope["method"] == "GET" and any(p.match(scope["path"]) for p in self._streams)
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or not self._is_stream(scope):
+            await self.app(scope, receive, send)
+        elif not self.slots.acquire():
+            detail = f"this server already serves {self.slots.limit} live streams (max_streams); retry later"
+            await _send_json(send, 503, {"detail": detail}, [(b"retry-after", str(self.RETRY_AFTER_S).encode())])
+        else:
+            try:
+                await self.app(scope, receive, send)
+            finally:
+                self.slots.release()

@@ -95,6 +95,16 @@ def start_server(database_url: str, port: int) -> subprocess.Popen:
     raise RuntimeError("the server did not start")
 
 
+def stop_server(proc: subprocess.Popen) -> None:
+    """Stop a server from :func:`start_server` (SIGTERM; SIGKILL after 10 s)."""
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+
+
 def bench_stream(base: str, Session, *, n_steps: int, interval: float) -> dict:
     """Commit ``n_steps`` steps one by one; return latency stats (ms) from commit to client."""
     with Session() as s:

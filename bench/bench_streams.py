@@ -26,7 +26,6 @@ import argparse
 import asyncio
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,7 +37,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_api import _free_port, _record, start_server  # noqa: E402
+from bench_api import _free_port, _record, start_server, stop_server  # noqa: E402
 
 from ckptlab.db import queue, store  # noqa: E402
 from ckptlab.db.database import make_engine, make_sessionmaker, migrate  # noqa: E402
@@ -221,12 +220,7 @@ async def run(
             "rate_per_s": rate,
         }
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        stop_server(proc)
         engine.dispose()
 
 

@@ -13,7 +13,19 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from ckptlab.domain import NOISE_THRESHOLD_PCT
 
-__all__ = ["Settings", "get_settings", "host_memory_bytes"]
+__all__ = [
+    "Settings",
+    "get_settings",
+    "host_memory_bytes",
+    "host_has_nvidia_gpu",
+    "default_worker_memory_bytes",
+    "WORKER_MEMORY_SHARE",
+]
+
+#: The share of the host's RAM one experiment may use by default: the rest is left to the
+#: worker, the other slots' children, the database and the backend, so a run that climbs
+#: slowly ends ``oom`` at its cap before the host runs short.
+WORKER_MEMORY_SHARE = 0.75
 
 
 def host_memory_bytes() -> int:
@@ -22,6 +34,19 @@ def host_memory_bytes() -> int:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         return 2**40
+
+
+def host_has_nvidia_gpu() -> bool:
+    """Whether this host has an NVIDIA GPU its driver lists (``/proc/driver/nvidia/gpus``: no
+    torch, no NVML needed)."""
+    gpus = Path("/proc/driver/nvidia/gpus")
+    return gpus.is_dir() and any(gpus.iterdir())
+
+
+def default_worker_memory_bytes() -> int:
+    """``worker_memory_bytes``'s default: :data:`WORKER_MEMORY_SHARE` of
+    :func:`host_memory_bytes`, bytes."""
+    return int(host_memory_bytes() * WORKER_MEMORY_SHARE)
 
 
 class Settings(BaseSettings):
@@ -74,12 +99,26 @@ class Settings(BaseSettings):
             rebinding (Starlette's ``TrustedHostMiddleware``). Default: :attr:`host`,
             ``localhost``, ``127.0.0.1`` and ``[::1]``; add the names people browse to when
             the server is reached from other machines.
-        worker_memory_bytes: host memory one experiment may use, bytes
-            (``CKPTLAB_WORKER_MEMORY_BYTES``; default: this host's RAM). A worker runs each
-            child under a data-size cap a little above it (or above a CPU spec's
-            ``memory_limit_bytes`` when lower; see :mod:`ckptlab.worker.measure.hostmem`), so exhaustion is
-            recorded ``oom``; the API rejects specs whose parameters, gradients and
-            optimizer state alone exceed it (set it on the backend to the workers' figure).
+        worker_memory_bytes: host memory one experiment (one rank of a sharded run) may
+            use, bytes (``CKPTLAB_WORKER_MEMORY_BYTES``; default: 75% of this host's RAM,
+            :data:`WORKER_MEMORY_SHARE`, leaving the rest to the worker, the database and
+            the backend). A worker runs each child under a data-size cap a little above it
+            (or above a CPU spec's ``memory_limit_bytes`` when lower; see
+            :mod:`ckptlab.worker.measure.hostmem`), so exhaustion is recorded ``oom``; the
+            API rejects specs whose parameters, gradients and optimizer state alone exceed
+            it, and those whose peak's lower bound from the shapes (activations included,
+            :func:`ckptlab.spec.limits.estimate_peak_floor`) does (set it on the backend to
+            the workers' figure).
+        auto_runs_on_cpu: a spec with device ``auto`` runs on a worker's CPU, so its
+            activations are host memory and count against ``worker_memory_bytes`` at submit
+            (``CKPTLAB_AUTO_RUNS_ON_CPU``; default: true unless this host has an NVIDIA GPU,
+            :func:`host_has_nvidia_gpu`; set false on a backend whose workers have GPUs, where
+            ``auto`` runs on the device). ``cpu`` specs and sharded runs (CPU ranks) are always
+            counted; ``cuda`` specs never.
+        protect_reads: with ``api_token`` set, the reads that compute (a comparison, a
+            sweep's results, charts and recommendation, a plan, the experiments export) need
+            the token too (``CKPTLAB_PROTECT_READS``, default false: reads are open, and each
+            of those is cheap now, its statistics stored or remembered; issue 33).
         check_model_entry_points: the API answers 422 for a ``custom`` model whose name is
             not an installed ``ckptlab.models`` entry point of its own environment
             (``CKPTLAB_CHECK_MODEL_ENTRY_POINTS``, default true; read from package metadata,
@@ -146,7 +185,9 @@ class Settings(BaseSettings):
     api_token: SecretStr | None = None
     cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
     allowed_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list)
-    worker_memory_bytes: int = Field(default_factory=host_memory_bytes, ge=1, le=2**60)
+    worker_memory_bytes: int = Field(default_factory=default_worker_memory_bytes, ge=1, le=2**60)
+    auto_runs_on_cpu: bool = Field(default_factory=lambda: not host_has_nvidia_gpu())
+    protect_reads: bool = False
     check_model_entry_points: bool = True
     allowed_model_targets: Annotated[list[str], NoDecode] = Field(default_factory=list)
     max_steps: int = Field(100_000, ge=1)

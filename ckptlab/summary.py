@@ -92,6 +92,33 @@ class RankFigures(BaseModel):
         return cls(rank=rank, **{name: getattr(summary, name) for name in cls.model_fields if name != "rank"})
 
 
+class PairedOverhead(BaseModel):
+    """A paired timing pass's step-time overhead over its un-checkpointed copy, as the worker
+    computed it when the run finished (:func:`ckptlab.analysis.stats.paired_ratio_ci` of
+    :meth:`RunSummary.paired_rounds`): reads serve it instead of bootstrapping every timed
+    step again (issue 33). Percent: ``100 * (median per-round ratio - 1)``."""
+
+    estimate_pct: float
+    low_pct: float = Field(description="95% CI, low end (%)")
+    high_pct: float = Field(description="95% CI, high end (%)")
+    rounds: int = Field(ge=1, description="paired rounds it was computed from")
+    clock: str = Field(description="the clock of the rounds: CPU time or wall time")
+
+
+class HostLoad(BaseModel):
+    """The host's load when a run's timing pass ended (``os.getloadavg``): how busy the
+    machine was while its step times were taken (a comparison of separate runs reads it)."""
+
+    load_1m: float = Field(ge=0, description="1-minute load average")
+    cpus: int = Field(ge=1, description="the host's logical CPUs")
+    threads: int = Field(ge=1, description="threads of the run's own timing pass (its share of the load)")
+    cpu_share: float | None = Field(
+        None,
+        ge=0,
+        description="CPU time of the timed steps over their wall time and threads (CPU runs): 1 on a quiet host",
+    )
+
+
 class ShardedGradientCheck(BaseModel):
     """A sharded run's gradients against one process's on the same global batch and weights:
     every parameter's full gradient (FSDP2: its shards all-gathered; DDP: the all-reduced
@@ -166,6 +193,8 @@ class RunSummary(BaseModel):
     )
     paired_baseline_cpu_ms: list[float] = Field(default_factory=list, description="its CPU times, ms")
     pairing_skipped: str | None = Field(None, description="why the timing pass was not paired")
+    paired_overhead: PairedOverhead | None = Field(None, description="the paired rounds' overhead, computed once")
+    host_load: HostLoad | None = Field(None, description="the host's load when the timing pass ended")
     timing_threads: int | None = Field(
         None, description="torch threads the CPU timing pass ran on (setting timing_cpu_threads, default 1)"
     )

@@ -93,3 +93,24 @@ export function keptFit(id, layout) {
   }
   return out;
 }
+
+/**
+ * Draws the figure `fig` ({data, layout}) into the element `id` and fits its text. Its title
+ * goes to the card's heading (the element `<id>-title`, where there is one), where a long
+ * one wraps instead of running past the chart's edge; a layout that sets a height sets the
+ * element's (a figure taller than its box would spill over what follows it on the page).
+ */
+export async function drawFitted(id, fig, config) {
+  const gd = document.getElementById(id);
+  const heading = document.getElementById(`${id}-title`);
+  let layout = keptFit(id, fig.layout);
+  const title = layout.title && (typeof layout.title === 'string' ? layout.title : layout.title.text);
+  if (heading && title) {
+    heading.textContent = title;
+    layout = { ...layout, title: { text: '' }, margin: { ...layout.margin, t: Math.min(layout.margin?.t ?? 16, 16) } };
+  }
+  gd.style.height = layout.height ? `${layout.height}px` : '';
+  await window.Plotly.react(gd, fig.data, layout, config);
+  await fitText(gd);
+  return gd;
+}

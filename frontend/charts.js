@@ -157,49 +157,70 @@ export function memoryFigure(spec, steps, finished) {
   return { data: traces, layout };
 }
 
-/** Time per step: forward/backward/optimizer stacked bars and the whole step as a line. */
+/** A step's pass: its record's `extra.pass`; a step streamed live (no extra yet) is timed
+ * when it carries no memory reading (the timed steps on CPU, and paired ones, have none). */
+function passOf(s) {
+  if (s.extra && s.extra.pass) return s.extra.pass;
+  return s.peak_allocated_bytes === null || s.peak_allocated_bytes === undefined ? 'timed' : 'memory';
+}
+
+/** One panel's traces: forward/backward/optimizer stacked (bars; filled areas above
+ * GL_THRESHOLD, WebGL having no stacked bars) and the whole step as a line, on axes `ax`. */
+function timeTraces(steps, gl, ax, legend) {
+  const x = steps.map((s) => s.step);
+  const on = { xaxis: ax.x, yaxis: ax.y, showlegend: legend };
+  const phases = [['forward_ms', 'forward', OKABE_ITO.sky], ['backward_ms', 'backward', OKABE_ITO.orange], ['optimizer_ms', 'optimizer', OKABE_ITO.green]];
+  const cum = new Array(steps.length).fill(0);
+  const traces = phases.map(([key, name, color], i) => {
+    if (!gl) return { ...on, type: 'bar', name, legendgroup: name, x, y: steps.map((s) => s[key]), marker: { color }, hovertemplate: `%{y:.2f} ms<extra>${name}</extra>` };
+    const vals = steps.map((s) => Number(s[key]) || 0);
+    vals.forEach((v, j) => { cum[j] += v; });
+    return dropFlatRuns({
+      ...on, type: 'scattergl', mode: 'lines', name, legendgroup: name, x, y: cum.slice(), fill: i === 0 ? 'tozeroy' : 'tonexty',
+      line: { color, width: 1 }, customdata: vals, hovertemplate: `%{customdata:.2f} ms<extra>${name}</extra>`,
+    });
+  });
+  const stepLine = {
+    ...on, type: gl ? 'scattergl' : 'scatter', mode: steps.length <= 60 ? 'lines+markers' : 'lines', name: 'step', legendgroup: 'step',
+    x, y: steps.map((s) => s.step_ms), line: { color: OKABE_ITO.black, width: 2 }, marker: { size: 5 }, hovertemplate: '%{y:.2f} ms<extra>step</extra>',
+  };
+  return [...traces, gl ? dropFlatRuns(stepLine) : stepLine];
+}
+
+/**
+ * Time per step, by phase. A run with a timing pass gets two panels, each on its own scale:
+ * the memory pass (left; its steps run under the memory tracker, several times slower on
+ * CPU) and the timed pass (right; its median is the summary's step time), so neither's
+ * scale hides the other's.
+ */
 export function timeFigure(spec, steps, finished) {
   const gl = steps.length > GL_THRESHOLD;
-  const x = steps.map((s) => s.step);
-  const phases = [
-    ['forward_ms', 'forward', OKABE_ITO.sky],
-    ['backward_ms', 'backward', OKABE_ITO.orange],
-    ['optimizer_ms', 'optimizer', OKABE_ITO.green],
-  ];
-  let traces;
-  if (!gl) {
-    traces = phases.map(([key, name, color]) => ({
-      type: 'bar', name, x, y: steps.map((s) => s[key]), marker: { color },
-      hovertemplate: `%{y:.2f} ms<extra>${name}</extra>`,
-    }));
-  } else {
-    // WebGL has no stacked bars: stacked filled areas instead.
-    const cum = new Array(steps.length).fill(0);
-    traces = phases.map(([key, name, color], i) => {
-      const vals = steps.map((s) => Number(s[key]) || 0);
-      vals.forEach((v, j) => { cum[j] += v; });
-      return dropFlatRuns({
-        type: 'scattergl', mode: 'lines', name, x, y: cum.slice(), fill: i === 0 ? 'tozeroy' : 'tonexty',
-        line: { color, width: 1 }, customdata: vals, hovertemplate: `%{customdata:.2f} ms<extra>${name}</extra>`,
-      });
-    });
-  }
-  const stepLine = {
-    type: gl ? 'scattergl' : 'scatter', mode: steps.length <= 60 ? 'lines+markers' : 'lines', name: 'step',
-    x, y: steps.map((s) => s.step_ms), line: { color: OKABE_ITO.black, width: 2 }, marker: { size: 5 },
-    hovertemplate: '%{y:.2f} ms<extra>step</extra>',
-  };
-  traces.push(gl ? dropFlatRuns(stepLine) : stepLine);
+  const timed = steps.filter((s) => passOf(s) === 'timed');
+  const memory = steps.filter((s) => passOf(s) !== 'timed');
+  const split = Boolean(timed.length || (spec && spec.timed_steps > 0));
+  const memDone = finished || timed.length > 0; // the memory pass is over: its axis ends at its last step
+  const memAxis = stepAxis(lastStep(memory), spec && spec.steps, memDone);
+  const base = baseLayout();
   const layout = baseLayout({
     barmode: 'stack',
     hovermode: 'x unified',
-    xaxis: { ...baseLayout().xaxis, ...stepAxis(lastStep(steps), spec && (spec.steps || 0) + (spec.timed_steps || 0), finished) },
-    yaxis: { ...baseLayout().yaxis, title: { text: 'time (ms)' } },
+    xaxis: { ...base.xaxis, ...memAxis, title: { text: split ? 'step · memory pass' : 'step' } },
+    yaxis: { ...base.yaxis, title: { text: 'time (ms)' } },
     shapes: warmupShape(spec),
     annotations: emptyNote(steps, finished),
   });
+  const data = timeTraces(memory, gl, { x: 'x', y: 'y' }, true);
+  if (split) {
+    const first = memAxis.range[1] + 0.5;
+    const last = finished ? Math.max(lastStep(timed), first) : first - 1 + Math.max((spec && spec.timed_steps) || 0, timed.length);
+    const share = Math.min(0.5, Math.max(0.25, (first - 1) / (last + 1)));
+    layout.xaxis.domain = [0, share];
+    layout.xaxis2 = { ...base.xaxis, ...stepAxis(last, 0, true), range: [first - 0.5, last + 0.5], domain: [share + 0.1, 1], anchor: 'y2', title: { text: 'step · timed pass' } };
+    layout.yaxis2 = { ...base.yaxis, anchor: 'x2' };
+    data.push(...timeTraces(timed, gl, { x: 'x2', y: 'y2' }, false));
+  }
   layout.legend.traceorder = 'normal';
-  return { data: traces, layout };
+  return { data, layout };
 }
 
 // ------------------------------------------------------------------ sweep figures
@@ -273,7 +294,8 @@ export function sweepFigure(name, fig) {
     }
   }
   if (name === 'correctness') {
-    for (const t of data) if (t.type === 'bar') t.textposition = 'outside';
+    // Each bar's verdict beside it, drawn past the plot's edge into a margin that holds it.
+    for (const t of data) if (t.type === 'bar') Object.assign(t, { textposition: 'outside', cliponaxis: false });
   }
   const layout = baseLayout({
     title: { text: titleText(server.title), x: 0, xanchor: 'left', font: { size: 14, color: '#1f2328' } },
@@ -319,10 +341,14 @@ export function sweepFigure(name, fig) {
         t.hovertemplate = '%{y}: %{x:.3g}<extra>%{text}</extra>';
       }
       layout.height = Math.max(380, 120 + 24 * runs);
+      const longest = Math.max(0, ...data.flatMap((t) => (t.text || []).map((x) => String(x).length)));
+      layout.margin = { ...layout.margin, r: 18 + 7 * longest };
       layout.xaxis = { ...layout.xaxis, exponentformat: 'e', rangemode: 'tozero', title: { text: 'max |Δgrad| vs no checkpointing' } };
       layout.yaxis = { ...layout.yaxis, type: 'category', autorange: 'reversed', rangemode: undefined, title: { text: '' } };
     } else {
       layout.yaxis.exponentformat = 'e';
+      const top = Math.max(0, ...data.flatMap((t) => (t.type === 'bar' ? t.y || [] : [])).filter(Number.isFinite));
+      if (top > 0) layout.yaxis.range = [0, top * 1.25]; // room above the tallest bar for its verdict
       layout.yaxis.title = { text: 'max |Δgrad|' };
       layout.xaxis.title = { text: '' };
     }

@@ -44,7 +44,8 @@ export function distributedRows(spec) {
   if (!isSharded(spec)) return [];
   const d = spec.distributed;
   const parts = [d.kind, `${fmtInt(d.world_size)} ranks`];
-  if (d.shard_unit) parts.push(`shard unit ${d.shard_unit}`);
+  if (d.shard_unit && d.kind === 'fsdp2') parts.push(`shard unit ${d.shard_unit}`);
+  if (d.find_unused_parameters && d.kind === 'ddp') parts.push('find_unused_parameters');
   if (d.reshard_after_forward !== undefined && d.kind === 'fsdp2') parts.push(`reshard after forward ${d.reshard_after_forward ? 'on' : 'off'}`);
   const mp = d.mixed_precision;
   if (mp) parts.push(`mixed precision: ${mp.param_dtype} params, ${mp.reduce_dtype} reduce`);
@@ -110,6 +111,7 @@ export function fillDistributed(d) {
   ws.value = isSharded({ distributed: v }) && v.world_size != null ? String(v.world_size) : ws.defaultValue;
   setControl($('distributed.shard_unit'), v.shard_unit ?? prop(SCHEMA, 'shard_unit').default);
   setControl($('distributed.reshard_after_forward'), v.reshard_after_forward ?? prop(SCHEMA, 'reshard_after_forward').default);
+  setControl($('distributed.find_unused_parameters'), v.find_unused_parameters ?? false);
   const mp = v.mixed_precision || null;
   $('distributed.mixed_precision').value = mp ? 'on' : 'off';
   for (const key of ['param_dtype', 'reduce_dtype']) {

@@ -343,6 +343,7 @@ function reset(id) {
   $('exp-cancel').hidden = true;
   $('exp-live').hidden = true;
   $('exp-progress').hidden = true;
+  $('exp-progress-row').hidden = true;
   $('exp-timing').textContent = '';
   $('exp-notfound').hidden = true;
   $('exp-error').hidden = true;

@@ -38,7 +38,7 @@ export function renderSpec(spec, summary = null) {
     ...(summary && summary.model ? [['Profiled', `${summary.model}; blocks ${summary.blocks}`]] : []),
     ['Batch', batchText(spec)],
     ...distributedRows(spec),
-    ['Steps', `${spec.steps} (${spec.warmup_steps} warm-up)`],
+    ['Steps', `${spec.steps} memory (${spec.warmup_steps} warm-up)${spec.timed_steps ? `, then ${spec.timed_steps} timed` : ''}`],
     ['Checkpointing', strategyLabel(spec)],
     ...(summary && summary.plan ? [['Plan', planText(summary.plan)]] : []),
   ];
@@ -87,6 +87,15 @@ function overheadDelta(cmp) {
   return el('span', { class: `delta ${o.estimate_pct < 0 ? 'good' : 'bad'}`, title: cmp.overhead_text }, `${fmtPct(o.estimate_pct)} vs baseline`);
 }
 
+/** "Run the baseline" (it submits this spec with strategy `none`), or where the server
+ * would refuse that spec (`comparison.baseline_refused`: a profiled model it does not
+ * build), why not and what to do instead. Nothing until the comparison is known. */
+function baselineAction(cmp, label) {
+  if (!cmp) return null;
+  if (cmp.baseline_refused) return el('span', { class: 'muted', id: 'exp-baseline-refused' }, cmp.baseline_refused);
+  return el('button', { type: 'button', class: 'secondary small', id: 'exp-run-baseline' }, label);
+}
+
 /** What the recomputation produced against the first forward: the first group that differs. */
 function recomputeText(s) {
   const g = s.recompute_first_differing_group;
@@ -119,6 +128,7 @@ export function renderSummary(exp, baseline) {
     headline.hidden = true;
   } else {
     const b = baseline && baseline.summary;
+    const cmp = baseline && baseline.comparison;
     const isBaseline = (exp.spec.checkpoint || {}).strategy === BASELINE;
     headline.hidden = false;
     headline.replaceChildren(
@@ -138,20 +148,19 @@ export function renderSummary(exp, baseline) {
     );
     let baselineEntry;
     if (isBaseline) baselineEntry = ['Baseline', 'this run is a baseline (no checkpointing)'];
-    else if (baseline) {
-      const cmp = baseline.comparison;
+    else if (cmp && (cmp.baseline_ids.length || cmp.overhead)) {
       const o = cmp.overhead;
       const runs = cmp.baseline_ids.map((id, i) => [i ? ', ' : '', el('a', { href: `#/experiments/${id}` }, `#${id}`)]).flat();
       const against = cmp.paired ? [` step time against an un-checkpointed copy (strategy ${BASELINE}) timed in the same process`,
-        ...(runs.length ? ['; memory against ', ...runs] : [' ', el('button', { type: 'button', class: 'secondary small', id: 'exp-run-baseline' }, 'Run the baseline for the memory figures')])]
+        ...(runs.length ? ['; memory against ', ...runs] : [' ', baselineAction(cmp, 'Run the baseline for the memory figures')])]
         : [' step time against ', ...runs, ` (strategy ${BASELINE})`];
       baselineEntry = ['Overhead vs baseline', el('span', null,
         el('strong', { id: 'exp-overhead' }, !o ? '—' : o.measurable ? fmtPct(o.estimate_pct) : 'no measurable difference'),
         ...against,
         cmp.overhead_text ? el('span', { class: 'muted', id: 'exp-overhead-ci' }, ` · ${cmp.overhead_text}`) : null)];
     } else {
-      baselineEntry = ['Overhead vs baseline', el('span', null, 'no succeeded baseline with this spec yet ',
-        el('button', { type: 'button', class: 'secondary small', id: 'exp-run-baseline' }, 'Run the baseline'))];
+      baselineEntry = ['Overhead vs baseline', el('span', null, 'no succeeded baseline with this spec yet', cmp ? ': ' : '',
+        baselineAction(cmp, 'Run the baseline'))];
     }
     const grad = s.gradients_match === null || s.gradients_match === undefined
       ? 'not verified'
@@ -264,14 +273,15 @@ async function submitBaseline(spec, button) {
  * The `none` baseline to compare with, from the server's comparison
  * (GET /api/experiments/{id}/comparison: the sweep's baseline, else the latest runs with the
  * same spec but for checkpoint): its first run, for the memory deltas, with the comparison
- * (overhead and its 95% CI) under `comparison`. Null for a baseline, or without one.
+ * (overhead and its 95% CI, and `baseline_refused`) under `comparison`; only the comparison
+ * when no baseline run is there to show. Null for a baseline, or when it cannot be read.
  */
 export async function findBaseline(exp) {
   if ((exp.spec.checkpoint || {}).strategy === BASELINE) return null;
   try {
     const r = await api(`/api/experiments/${exp.id}/comparison`);
     if (!r.ok || !r.body) return null;
-    if (!r.body.baseline_ids.length) return r.body.overhead ? { comparison: r.body } : null; // paired: no run to show
+    if (!r.body.baseline_ids.length) return { comparison: r.body }; // no run to show (paired, or none yet)
     const b = await api(`/api/experiments/${r.body.baseline_ids[0]}`);
     return b.ok && b.body ? { ...b.body, comparison: r.body } : null;
   } catch (_) {

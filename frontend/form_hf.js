@@ -28,6 +28,12 @@ function range(f) {
   return hi !== undefined ? `≤ ${hi}` : '';
 }
 
+/** A field's title with a line break allowed after each underscore (num_key_<wbr>value_<wbr>heads):
+ * long config names wrap inside their field instead of running into the next one. */
+function breakable(title) {
+  return String(title).split(/(?<=_)/).flatMap((part, i) => (i ? [el('wbr'), part] : [part]));
+}
+
 function hint(f) {
   return el('small', { class: 'hint' }, [f.description, range(f)].filter(Boolean).join(', '));
 }
@@ -51,7 +57,7 @@ function fieldControl(kind, name, f, value) {
     control = el('input', { ...attrs, type: 'checkbox', 'data-type': 'bool' });
     control.checked = Boolean(value);
     keepAsDefault(control);
-    return el('div', { class: 'field check' }, control, el('label', { for: id }, f.title), hint(f));
+    return el('div', { class: 'field check' }, control, el('label', { for: id }, breakable(f.title)), hint(f));
   }
   if (f.type === 'choice') {
     const texts = (kind.option_text || {})[name] || {};
@@ -71,7 +77,7 @@ function fieldControl(kind, name, f, value) {
   control.value = value === undefined || value === null ? '' : String(value);
   keepAsDefault(control);
   const title = f.type === 'json' ? `${f.title} (JSON)` : f.title;
-  return el('div', { class: f.type === 'json' ? 'field wide' : 'field' }, el('label', { for: id }, title), control, hint(f));
+  return el('div', { class: f.type === 'json' ? 'field wide' : 'field' }, el('label', { for: id }, breakable(title)), control, hint(f));
 }
 
 /** The kind's declared fields with `values`, each in its own control. */
@@ -101,7 +107,7 @@ function configControl(kind, name, f, value) {
   }
   control.value = shown(value);
   keepAsDefault(control);
-  return el('div', { class: 'field' }, el('label', { for: id }, name), control, hint(f));
+  return el('div', { class: 'field' }, el('label', { for: id }, breakable(name)), control, hint(f));
 }
 
 /** Draws the chosen architecture's fields with `values` (a spec's model, or its example). */

@@ -62,7 +62,7 @@ function experimentRow(exp) {
   const href = `#/experiments/${exp.id}`;
   const tr = el('tr', { dataset: { id: exp.id, status: exp.status }, class: 'clickable' },
     el('td', { class: 'num' }, el('a', { href }, String(exp.id))),
-    el('td', null, modelLabel(spec)),
+    el('td', { class: 'wrap' }, modelLabel(spec)),
     el('td', null, strategyLabel(spec)),
     el('td', null, flagLabel(spec, 'use_reentrant')),
     el('td', null, flagLabel(spec, 'preserve_rng_state')),
@@ -72,7 +72,7 @@ function experimentRow(exp) {
     bytesCell(s.activation_bytes),
     bytesCell(s.peak_allocated_bytes),
     el('td', { class: 'num' }, fmtMs(s.step_time_ms)),
-    el('td', null, exp.status === STATUS.SUCCEEDED ? gradBadge(s.gradients_match ?? null, s.grad_max_abs_diff, s.gradient_verdict) : ''),
+    el('td', { class: 'wrap' }, exp.status === STATUS.SUCCEEDED ? gradBadge(s.gradients_match ?? null, s.grad_max_abs_diff, s.gradient_verdict) : ''),
     el('td', null, exp.sweep_id ? el('a', { href: `#/sweeps/${exp.sweep_id}` }, `#${exp.sweep_id}`) : ''),
     el('td', { title: fmtDate(exp.created_at), class: 'muted' }, fmtAgo(exp.created_at)),
   );
@@ -147,8 +147,8 @@ function renderSweeps(page) {
   $('sweeps-count').textContent = page.count > data.length ? `newest ${data.length} of ${page.count}` : '';
   $('sweeps').tBodies[0].replaceChildren(...data.map((sw) => el('tr', { dataset: { sweep: sw.id }, class: 'clickable' },
     el('td', { class: 'num' }, el('a', { href: `#/sweeps/${sw.id}` }, String(sw.id))),
-    el('td', null, el('a', { href: `#/sweeps/${sw.id}` }, sw.name)),
-    el('td', { class: 'muted' }, axesText(sw.axes)),
+    el('td', { class: 'wrap' }, el('a', { href: `#/sweeps/${sw.id}` }, sw.name)),
+    el('td', { class: 'muted wrap' }, axesText(sw.axes)),
     progressCell(sw.progress, sw.cancelled),
     el('td', { class: 'muted', title: fmtDate(sw.created_at) }, fmtAgo(sw.created_at)),
   )));

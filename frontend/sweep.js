@@ -8,7 +8,7 @@ import {
 import { LiveStream, liveBadge } from './live.js';
 import { shortName, valueText, num, renderProgress, renderHeader } from './sweep_header.js';
 import { PLOT_CONFIG, sweepFigure } from './charts.js';
-import { fitText, keptFit } from './chart_fit.js';
+import { drawFitted } from './chart_fit.js';
 import { parseBytes } from './budget.js';
 
 export const CHARTS = [
@@ -16,6 +16,7 @@ export const CHARTS = [
   ['time_vs_segments', 'sweep-chart-time'],
   ['pareto', 'sweep-chart-pareto'],
   ['correctness', 'sweep-chart-correctness'],
+  ['memory_per_rank', 'sweep-chart-ranks'],
 ];
 
 let cur = null; // {id, sweep, results, stream, poll, loading, again}
@@ -95,7 +96,7 @@ function renderTable() {
         return el('td', { class: 'num muted', title: r.overhead_text }, drift);
       }
       if (x.key === 'overhead' && r.overhead && !r.overhead.measurable) {
-        return el('td', { class: 'num muted', title: r.overhead_text }, 'no measurable difference');
+        return el('td', { class: 'num muted wrap', title: r.overhead_text }, 'no measurable difference');
       }
       if (x.pct) return el('td', { class: 'num', title: x.key === 'overhead' ? r.overhead_text : null }, r.role === 'baseline' ? '—' : fmtPct(v));
       if (x.key === 'time') return el('td', { class: 'num' }, fmtMs(v));
@@ -104,7 +105,7 @@ function renderTable() {
     const tags = [];
     if (classes.includes('recommended')) tags.push(el('span', { class: 'tag tag-rec' }, '★ recommended'));
     if (classes.includes('smallest')) tags.push(el('span', { class: 'tag tag-small', title: `smallest peak within ${fmtPct(c.overhead)} of the fastest step time` }, `smallest ≤${fmtPct(c.overhead)}`));
-    const budgetCell = el('td', { class: 'budget-cell' },
+    const budgetCell = el('td', { class: 'budget-cell wrap' },
       fits === true ? el('span', { class: 'fit yes' }, 'fits') : fits === false ? el('span', { class: 'fit no' }, 'over') : '', ...tags);
     return el('tr', { dataset: { id: r.experiment_id }, class: classes.join(' '), title: r.label }, cells, budgetCell);
   }));
@@ -203,18 +204,18 @@ async function renderRecommendation() {
 
 async function drawCharts(figs) {
   const c = cur;
-  let Plotly;
   try {
-    Plotly = await loadPlotly();
+    await loadPlotly();
   } catch (err) {
     for (const [, id] of CHARTS) $(id).textContent = `Charts unavailable: ${err.message}.`;
     return;
   }
   if (c !== cur) return;
   await Promise.all(CHARTS.map(([name, id], i) => {
-    if (!figs[i]) return null;
-    const f = sweepFigure(name, figs[i]);
-    return Plotly.react(id, f.data, keptFit(id, f.layout), PLOT_CONFIG).then((gd) => fitText(gd));
+    const card = $(id).closest('section');
+    if (card) card.hidden = Boolean(figs[i]?.layout?.meta?.empty); // a chart this sweep has no axis for
+    if (!figs[i] || card?.hidden) return null;
+    return drawFitted(id, sweepFigure(name, figs[i]), PLOT_CONFIG);
   }));
 }
 

@@ -190,3 +190,39 @@ def sharded_spec(model: str, strategy: str, kind: str = "fsdp2", world_size: int
         checkpoint=checkpoint,
         distributed={"kind": kind, "world_size": world_size, **distributed},
     )
+
+
+#: Values that do not read back, per database and column (issue 33): SQLite stores any text
+#: in any column; PostgreSQL refuses invalid JSON, a timestamp or an integer that is not
+#: one, so there a JSON value of the wrong shape or content.
+CORRUPT_VALUES: dict[str, dict[str, str]] = {
+    "sqlite": {
+        "summary": "garbage{",
+        "spec": "garbage{",
+        "warnings": "nope",
+        "created_at": "not a date",
+        "attempt": "abc",
+        "axes": "garbage{",
+        "base": "{",
+    },
+    "postgresql": {
+        "summary": '{"peak_allocated_bytes": "x"}',
+        "spec": '"a string"',
+        "warnings": "[1]",
+        "axes": '"x"',
+        "base": "[1]",
+    },
+}
+
+
+def corrupt(session: Any, table: str, row_id: int, column: str, value: str | None = None) -> str:
+    """Write ``value`` (default: the database's :data:`CORRUPT_VALUES` entry) into one column of
+    one row with plain SQL, as a hand edit would, and commit; returns the value written."""
+    from sqlalchemy import text
+
+    dialect = session.get_bind().dialect.name
+    value = CORRUPT_VALUES[dialect][column] if value is None else value
+    literal = "'" + value.replace("'", "''") + "'"  # a constant of the tests: no injection
+    session.execute(text(f"UPDATE {table} SET {column} = {literal} WHERE id = :id"), {"id": row_id})
+    session.commit()
+    return value

@@ -55,17 +55,25 @@ def stop_process(proc: subprocess.Popen, timeout: float = 30.0) -> None:
         proc.kill()
 
 
+def install_python_target(directory: Path, monkeypatch, *, module: str, source: str) -> str:
+    """Write ``source`` as ``module`` in ``directory`` (put on ``sys.path`` by ``monkeypatch``,
+    so forkserver children import it too); returns the ``python`` target ``module:factory``.
+    Pop ``module`` from ``sys.modules`` when done."""
+    (directory / f"{module}.py").write_text(textwrap.dedent(source))
+    monkeypatch.syspath_prepend(str(directory))
+    sys.modules.pop(module, None)
+    return f"{module}:factory"
+
+
 def install_model_plugin(directory: Path, monkeypatch, *, name: str, module: str, source: str) -> str:
     """Install a distribution in ``directory`` (put on ``sys.path`` by ``monkeypatch``) whose
     ``ckptlab.models`` entry point ``name`` is ``module:factory`` with ``source`` as the
     module; returns ``name``. Pop ``module`` from ``sys.modules`` when done."""
-    (directory / f"{module}.py").write_text(textwrap.dedent(source))
     dist = directory / f"{module}-1.0.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {module.replace('_', '-')}\nVersion: 1.0\n")
     (dist / "entry_points.txt").write_text(f"[ckptlab.models]\n{name} = {module}:factory\n")
-    monkeypatch.syspath_prepend(str(directory))
-    sys.modules.pop(module, None)
+    install_python_target(directory, monkeypatch, module=module, source=source)
     return name
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from ckptlab.domain import Status
 
-__all__ = ["RunError", "RunOutOfMemory"]
+__all__ = ["RunError", "RunOutOfMemory", "RankLost", "RunCancelled"]
 
 
 class RunError(Exception):
@@ -33,3 +33,21 @@ class RunOutOfMemory(RunError):
     """
 
     status = Status.OOM
+
+
+class RankLost(RunError):
+    """A rank of a sharded run exited on a signal without a summary (``kill -9``, the
+    kernel's OOM killer): the host lost a process, the spec did not fail. The run's other
+    ranks are stopped; the worker requeues the attempt like a lost worker's run while
+    attempts are left (:func:`ckptlab.worker.service.outcome.record_run`) and fails it with
+    this message after the last.
+    """
+
+
+class RunCancelled(RunError):
+    """Someone asked to cancel the run (``POST /api/experiments/{id}/cancel``) and a run in
+    the caller's own process (``ckptlab run``, ``ckptlab.profile``) saw it between two steps
+    (:class:`ckptlab.worker.service.writer.StepWriter` with ``watch_cancel``): recorded as
+    ``cancelled``. A worker's slot kills its child instead."""
+
+    status = Status.CANCELLED

@@ -151,8 +151,10 @@ def profile(
         - The dashboard cannot re-run it (it names the model by class, and a server never
           imports code a request names): "Run the baseline" needs a ``python`` target the
           operator allowed, or another call of this function with ``strategy="none"``.
-        - Cancelling it from the dashboard does not stop it; interrupt the process
-          (``KeyboardInterrupt`` records it as ``cancelled``).
+        - Cancelling it from the dashboard stops it at the next step (the cancel flag is
+          read every 0.5 s while steps are written): it returns with status ``cancelled``,
+          its steps so far kept. A step itself is not interrupted; ``KeyboardInterrupt``
+          also records it as ``cancelled``.
     """
     from ckptlab.db.database import make_engine, make_sessionmaker, migrate
     from ckptlab.db.store import create_experiment, get_experiment

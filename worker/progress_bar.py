@@ -1,6 +1,7 @@
-"""``ckptlab run``'s progress bar: step k of N and about how long is left, read from the steps
-the run has stored so far (issue 23). The arithmetic is :func:`ckptlab.analysis.progress.run_progress`,
-the same the API answers for a running experiment.
+"""``ckptlab run``'s progress bar: how far along its fixed total of steps the run is, which pass
+and step it is at and about how long is left, read from the steps the run has stored so far
+(issues 23, 32). The arithmetic is :func:`ckptlab.analysis.progress.run_progress`, the same the
+API answers for a running experiment.
 
 Example usage::
 
@@ -9,8 +10,9 @@ Example usage::
 
 Known Limitations:
     The bar reads the database every ``interval_s`` (0.5 s), so it trails the run by up to
-    that; the estimate extrapolates the elapsed time linearly (model building and the first,
-    slowest steps included) and so runs high early on.
+    that; the estimate is the steps left times their pass's measured step time, and says
+    "estimating" while the memory pass runs with timed steps to come (see
+    :mod:`ckptlab.analysis.progress`).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from sqlalchemy.orm import Session, sessionmaker
 
-from ckptlab.analysis.progress import RunProgress, format_duration, run_progress
+from ckptlab.analysis.progress import RunProgress, run_progress
 from ckptlab.db.store import latest_step_record
 
 __all__ = ["RunProgressBar"]
@@ -77,8 +79,7 @@ class RunProgressBar:
             last_extra=last[1] if last else None,
             elapsed_s=time.monotonic() - self._t0,
         )
-        left = f"about {format_duration(p.eta_s)} left" if p.eta_s is not None else "building the model"
-        self.progress.update(self.task, completed=p.step or 0, total=p.total_steps, left=left)
+        self.progress.update(self.task, completed=p.done_steps or 0, total=p.total_steps, left=p.words())
         self.last = p
         return p
 

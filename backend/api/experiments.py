@@ -12,7 +12,15 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse
 from sse_starlette import EventSourceResponse
 
-from ckptlab.backend.deps import MAX_ID, ExperimentId, SeriesCacheDep, SessionDep, SettingsDep
+from ckptlab.backend.deps import (
+    MAX_ID,
+    ComputedReadDep,
+    ExperimentId,
+    SeriesCacheDep,
+    SessionDep,
+    SettingsDep,
+    TokenDep,
+)
 from ckptlab.backend.schemas import (
     AttemptPublic,
     AttemptsPublic,
@@ -25,6 +33,7 @@ from ckptlab.backend.schemas import (
     Format,
     Message,
     Metric,
+    RunLogPublic,
     RunProgressPublic,
     SeriesPoint,
     SeriesPublic,
@@ -52,6 +61,8 @@ router = APIRouter(prefix="/experiments", tags=["experiments"])
 MAX_SERIES_POINTS = 1_000_000
 
 NOT_FOUND = {404: {"model": Message, "description": "No experiment with this id"}}
+#: The 401 of a read that needs the token when one is set.
+TOKEN_RESPONSE = {401: WRITE_RESPONSES[401]}
 
 
 def experiment_filters(
@@ -126,6 +137,7 @@ def list_experiments(
 
 @router.get(
     "/export",
+    dependencies=[ComputedReadDep],
     response_model=ExperimentsPublic,
     responses=CSV_RESPONSE,
     summary="Export experiments as CSV or JSON",
@@ -137,7 +149,8 @@ def export_experiments(
 ):
     """Every experiment matching the filters (same filters as the listing, no paging). CSV
     columns: id, status, sweep_id, model_kind, strategy, attempt, times, worker_id, error,
-    then ``spec.*`` and ``summary.*`` flattened with dotted names."""
+    corrupt (what of a stored row failed to read; empty when nothing did), then ``spec.*``
+    and ``summary.*`` flattened with dotted names."""
     rows, count = queries.query_experiments(session, **filters, limit=None)
     if format == "csv":
         return exports.csv_response([exports.experiment_record(r) for r in rows], filename="experiments.csv")
@@ -218,7 +231,24 @@ def list_events(session: SessionDep, experiment_id: ExperimentId) -> EventsPubli
 
 
 @router.get(
+    "/{experiment_id}/log",
+    response_model=RunLogPublic,
+    responses={**NOT_FOUND, **TOKEN_RESPONSE},
+    dependencies=[TokenDep],
+    summary="A run's log: the traceback of its failure (needs the API token when one is set)",
+)
+def get_log(session: SessionDep, experiment_id: ExperimentId) -> RunLogPublic:
+    """The traceback the worker recorded when the run failed (``log``; null when none was:
+    a run that succeeded, or one stopped from outside), beside its public one-sentence
+    ``error``. Tracebacks name the host's files, so when the server sets
+    ``CKPTLAB_API_TOKEN`` this read needs ``Authorization: Bearer <token>`` (401 without)."""
+    exp = _get_or_404(session, experiment_id)
+    return RunLogPublic(experiment_id=exp.id, attempt=exp.attempt, status=exp.status, error=exp.error, log=exp.log)
+
+
+@router.get(
     "/{experiment_id}/comparison",
+    dependencies=[ComputedReadDep],
     response_model=ComparisonPublic,
     responses=NOT_FOUND,
     summary="Step-time overhead against the baseline, with its 95% CI",
@@ -227,9 +257,12 @@ def compare_experiment(session: SessionDep, settings: SettingsDep, experiment_id
     """The experiment against its ``none`` baseline (the same spec but for ``checkpoint``):
     which baseline runs, and the overhead of the median step time with its bootstrap 95%
     CI; "no measurable difference" when the CI contains 0 or the estimate is below the
-    server's noise threshold (``CKPTLAB_NOISE_THRESHOLD_PCT``)."""
+    server's noise threshold (``CKPTLAB_NOISE_THRESHOLD_PCT``); ``baseline_refused`` says why
+    this server would not queue the baseline (a ``ckptlab.profile`` run's model)."""
     exp = _get_or_404(session, experiment_id)
     found = comparison.compare_with_baseline(session, experiment=exp, noise_threshold_pct=settings.noise_threshold_pct)
+    if not found.is_baseline:
+        found.baseline_refused = comparison.baseline_refusal(exp, settings)
     return ComparisonPublic.model_validate(found)
 
 
@@ -314,12 +347,11 @@ def get_series(
     responses={**NOT_FOUND, **SSE_RESPONSE},
     summary="Live steps and status changes (Server-Sent Events)",
 )
-def experiment_events(experiment_id: ExperimentId, stream: streams.StreamDep):
+async def experiment_events(experiment_id: ExperimentId, stream: streams.StreamDep):
     """``text/event-stream`` of ``step``, ``status`` and a final ``end`` event (then the
     stream closes). Event ids are cursors: reconnect with ``Last-Event-ID`` to resume. 503
     with ``Retry-After`` when the server already serves ``max_streams`` streams."""
-    with stream.sessions() as session:  # short: an open stream holds no pooled connection
-        exp_id = _get_or_404(session, experiment_id).id
+    exp_id = await streams.read_once(stream, lambda session: _get_or_404(session, experiment_id).id)
     return streams.event_stream(stream, experiment_ids=lambda _s: [exp_id], scope=("experiment", exp_id))
 
 

@@ -7,7 +7,7 @@ from fastapi import APIRouter, HTTPException, status
 from fastapi.exceptions import RequestValidationError
 
 from ckptlab.analysis.explain import format_bytes
-from ckptlab.backend.deps import SessionDep, SettingsDep, SweepId
+from ckptlab.backend.deps import ComputedReadDep, SessionDep, SettingsDep, SweepId
 from ckptlab.backend.schemas.plans import PlanCreate, PlanPublic
 from ckptlab.backend.services import plans
 from ckptlab.backend.services.responses import WRITE_RESPONSES
@@ -62,7 +62,13 @@ def create_plan(session: SessionDep, settings: SettingsDep, body: PlanCreate) ->
     return _verdict(session, settings, sweep.id)
 
 
-@router.get("/{plan_id}", response_model=PlanPublic, responses=NOT_FOUND, summary="A plan's verdict")
+@router.get(
+    "/{plan_id}",
+    response_model=PlanPublic,
+    responses=NOT_FOUND,
+    dependencies=[ComputedReadDep],
+    summary="A plan's verdict",
+)
 def get_plan(session: SessionDep, settings: SettingsDep, plan_id: SweepId) -> PlanPublic:
     """Every point with its peak, step time and overhead, whether it fits the budget, the
     time-vs-peak front, the auto run's plan (predicted peak beside the measured one) and

@@ -25,7 +25,7 @@ from ckptlab.backend.schemas.predictions import (
     PredictionsPublic,
 )
 from ckptlab.backend.services import exports, predictions
-from ckptlab.backend.services.responses import CSV_RESPONSE, WRITE_RESPONSES
+from ckptlab.backend.services.responses import CSV_RESPONSE, DATABASE_BUSY, WRITE_RESPONSES, retry_later
 from ckptlab.db import store
 from ckptlab.db.models import Prediction
 from ckptlab.settings import Settings
@@ -39,7 +39,7 @@ router = APIRouter(prefix="/predictions", tags=["predictions"])
 NOT_FOUND = {404: {"model": Message, "description": "No prediction with this id"}}
 PREDICT_RESPONSES = {
     **WRITE_RESPONSES,
-    503: {"model": Message, "description": "Every prediction slot of the server is taken: retry after Retry-After"},
+    **retry_later(f"every prediction slot of the server is taken, or {DATABASE_BUSY}"),
 }
 TargetFilter = Annotated[str | None, Query(max_length=64, description="only this target")]
 StatusFilter = Annotated[Status | None, Query(alias="status", description="only this status")]

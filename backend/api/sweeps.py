@@ -11,7 +11,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 from sse_starlette import EventSourceResponse
 
-from ckptlab.backend.deps import SessionDep, SettingsDep, SweepId
+from ckptlab.backend.deps import ComputedReadDep, SessionDep, SettingsDep, SweepId
 from ckptlab.backend.schemas import (
     ChartName,
     ChartPublic,
@@ -84,6 +84,7 @@ def _public(session: Session, sweep: Sweep) -> SweepPublic:
         progress=_progress(progress),
         invalid=sweep.invalid or [],
         experiments=experiments,
+        corrupt=sweep.corrupt,
     )
 
 
@@ -158,6 +159,7 @@ def list_sweeps(
                 created_at=s.created_at,
                 cancelled=s.cancelled,
                 progress=_progress(progress[s.id]),
+                corrupt=s.corrupt,
             )
             for s in rows
         ],
@@ -192,12 +194,11 @@ def cancel_sweep(session: SessionDep, sweep_id: SweepId) -> SweepPublic:
     responses={**NOT_FOUND, **SSE_RESPONSE},
     summary="Live steps, status changes and progress of a sweep (Server-Sent Events)",
 )
-def sweep_events(sweep_id: SweepId, stream: streams.StreamDep):
+async def sweep_events(sweep_id: SweepId, stream: streams.StreamDep):
     """``text/event-stream`` of ``step``, ``status`` and ``progress`` events for every
     experiment of the sweep, and a final ``end`` once all have finished. 503 with
     ``Retry-After`` when the server already serves ``max_streams`` streams."""
-    with stream.sessions() as session:  # short: an open stream holds no pooled connection
-        sid = _get_or_404(session, sweep_id).id
+    sid = await streams.read_once(stream, lambda session: _get_or_404(session, sweep_id).id)
 
     def ids(s: Session) -> list[int]:
         return list(s.scalars(select(Experiment.id).where(Experiment.sweep_id == sid)))
@@ -207,6 +208,7 @@ def sweep_events(sweep_id: SweepId, stream: streams.StreamDep):
 
 @router.get(
     "/{sweep_id}/results",
+    dependencies=[ComputedReadDep],
     response_model=SweepResultsPublic,
     responses={**NOT_FOUND, **CSV_RESPONSE},
     summary="A sweep's results table (JSON or CSV)",
@@ -237,6 +239,7 @@ def sweep_results(
 
 @router.get(
     "/{sweep_id}/charts/{name}",
+    dependencies=[ComputedReadDep],
     response_model=ChartPublic,
     responses=NOT_FOUND,
     summary="A chart of a sweep as a Plotly figure",
@@ -252,6 +255,7 @@ def sweep_chart(session: SessionDep, sweep_id: SweepId, name: ChartName) -> Char
 
 @router.get(
     "/{sweep_id}/recommendation",
+    dependencies=[ComputedReadDep],
     response_model=RecommendationPublic,
     responses=NOT_FOUND,
     summary="The setting to use for a memory budget, and why",

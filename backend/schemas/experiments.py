@@ -7,7 +7,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
-from ckptlab.backend.schemas.common import EXAMPLE_SUMMARY, SummaryPublic, examples
+from ckptlab.backend.schemas.common import (
+    CORRUPT_DESCRIPTION,
+    EXAMPLE_SUMMARY,
+    CorruptPublic,
+    OverheadPublic,
+    SummaryPublic,
+    examples,
+)
 from ckptlab.domain import SERIES_METRICS, Status
 from ckptlab.spec.experiment import ExperimentSpec
 from ckptlab.spec.presets import EXAMPLE_SPEC
@@ -26,6 +33,7 @@ __all__ = [
     "SeriesPublic",
     "EventPublic",
     "EventsPublic",
+    "RunLogPublic",
 ]
 
 Metric = Literal[SERIES_METRICS]  # type: ignore[valid-type]
@@ -43,6 +51,7 @@ _EXAMPLE_EXPERIMENT = {
     "error": None,
     "warnings": [],
     "sweep_id": None,
+    "corrupt": None,
 }
 _EXAMPLE_STEP = {
     "step": 1,
@@ -66,8 +75,8 @@ class ExperimentCreate(ExperimentSpec):
 
 class RunProgressPublic(BaseModel):
     """Where a queued or running experiment is (:class:`ckptlab.analysis.progress.RunProgress`):
-    its place in the queue, or its last step, the steps it records in all and about how
-    long it still needs (elapsed x steps left / steps done)."""
+    its place in the queue, or its pass and step, how far along its fixed total it is, and
+    about how long it still needs (the steps left times their pass's measured step time)."""
 
     model_config = ConfigDict(
         from_attributes=True,
@@ -75,11 +84,18 @@ class RunProgressPublic(BaseModel):
             "examples": [
                 {
                     "queue_position": None,
-                    "step": 7,
+                    "step": 12,
                     "total_steps": 25,
-                    "elapsed_s": 4.2,
-                    "eta_s": 10.8,
-                    "text": "step 7 of 25, about 11 s left",
+                    "done_steps": 14,
+                    "run_pass": "timed",
+                    "pass_step": 9,
+                    "pass_steps": 20,
+                    "pass_steps_at_most": False,
+                    "timed_steps": 20,
+                    "elapsed_s": 24.5,
+                    "eta_s": 12.1,
+                    "memory_left_s": None,
+                    "text": "timed step 9 of 20, about 12 s left",
                 }
             ]
         },
@@ -87,33 +103,50 @@ class RunProgressPublic(BaseModel):
 
     queue_position: int | None = Field(None, description="1: the next run a worker claims; null unless queued")
     step: int | None = Field(None, description="the last step recorded; null before the first")
-    total_steps: int | None = Field(None, description="steps the run records in all, as known now")
+    total_steps: int | None = Field(None, description="steps + timed_steps: fixed from the start")
+    done_steps: int | None = Field(
+        None, description="how far along total_steps (memory steps an early stop skipped count as done)"
+    )
+    run_pass: Literal["memory", "timed"] | None = Field(None, description="the pass of the last step")
+    pass_step: int | None = Field(None, description="that pass's steps recorded so far")
+    pass_steps: int | None = Field(None, description="that pass's steps in all (at most, see pass_steps_at_most)")
+    pass_steps_at_most: bool = Field(False, description="the memory pass may stop early (memory_early_stop)")
+    timed_steps: int | None = Field(None, description="the timing pass's steps")
     elapsed_s: float | None = Field(None, description="seconds since it started")
-    eta_s: float | None = Field(None, description="about how many seconds remain")
+    eta_s: float | None = Field(
+        None, description="about how many seconds remain; null while estimating (the memory pass, timed steps to come)"
+    )
+    memory_left_s: float | None = Field(None, description="during the memory pass: about how many seconds of it remain")
     text: str = Field(description="the same in words, as ckptlab run prints it")
 
 
 class ExperimentPublic(BaseModel):
-    """An experiment as the API shows it. ``summary`` is set once it has ``succeeded``."""
+    """An experiment as the API shows it. ``summary`` is set once it has ``succeeded``. A
+    stored row that does not read back whole is served all the same, ``corrupt`` saying what
+    failed."""
 
     model_config = ConfigDict(from_attributes=True, json_schema_extra={"examples": [_EXAMPLE_EXPERIMENT]})
 
     id: int
     status: Status
     spec: dict[str, Any]
-    created_at: datetime
+    created_at: datetime | None = Field(description="when it was submitted; null only when the stored value is corrupt")
     started_at: datetime | None
     finished_at: datetime | None
     worker_id: str | None
     attempt: int
     summary: SummaryPublic
-    error: str | None
+    error: str | None = Field(
+        description="why it did not succeed, in one sentence (the exception's type and message, no traceback: "
+        "that is in GET /api/experiments/{id}/log)"
+    )
     warnings: list[str] | None = None
     sweep_id: int | None = None
     snapshot_path: str | None = Field(None, exclude=True)
     progress: RunProgressPublic | None = Field(
         None, description="queued or running: where it is (only on GET /api/experiments/{id}); null otherwise"
     )
+    corrupt: CorruptPublic | None = Field(None, description=CORRUPT_DESCRIPTION)
 
     @computed_field(description="a CUDA memory snapshot is downloadable at /api/experiments/{id}/snapshot")
     @property
@@ -177,7 +210,7 @@ class ComparisonPublic(BaseModel):
         "(in a sweep: its group's baseline, run first and last; else the latest runs with the same spec "
         "but for checkpoint); empty when there is none"
     )
-    overhead: dict[str, float | bool] | None = Field(
+    overhead: OverheadPublic | None = Field(
         None,
         description="estimate_pct, low_pct, high_pct (bootstrap 95% CI of the ratio of medians of the timed "
         "steps) and measurable (the CI excludes 0 and the estimate is at least the 3% noise threshold)",
@@ -189,6 +222,12 @@ class ComparisonPublic(BaseModel):
         False,
         description="the overhead comes from the run's own rounds with an un-checkpointed copy in its process "
         "(issue 19), not from the baseline runs (then listed for the memory figures only)",
+    )
+    baseline_refused: str | None = Field(
+        None,
+        description="why this server would refuse the run's baseline (its spec with strategy 'none', which "
+        "the page's 'Run the baseline' submits), saying what to do instead (a ckptlab.profile run: profile "
+        "the baseline in your own process); null when it would queue it",
     )
 
 
@@ -344,3 +383,24 @@ class EventsPublic(BaseModel):
     )
 
     data: list[EventPublic]
+
+
+class RunLogPublic(BaseModel):
+    """A run's log: the traceback its worker recorded when it failed, apart from the public
+    one-sentence ``error``."""
+
+    model_config = examples(
+        {
+            "experiment_id": 7,
+            "attempt": 1,
+            "status": Status.FAILED,
+            "error": "RunError: RuntimeError: mat1 and mat2 shapes cannot be multiplied (16x64 and 32x64)",
+            "log": 'Traceback (most recent call last):\n  File "run.py", line 150, in run_experiment\n    ...',
+        }
+    )
+
+    experiment_id: int
+    attempt: int = Field(description="the attempt the log belongs to (the experiment's current one)")
+    status: Status
+    error: str | None = Field(description="the public error, one sentence")
+    log: str | None = Field(description="the traceback (Python's, with file paths); null when none was recorded")

@@ -14,6 +14,13 @@ from ckptlab.spec.presets import EXAMPLE_SWEEP
 __all__ = ["PlanCreate", "PlanPointPublic", "PlanPublic"]
 
 
+def _budget_bounds(schema: dict[str, Any]) -> None:
+    """The budget's bounds in the schema's integer branch (``ByteSize`` states ``minimum: 0``)."""
+    for branch in schema["anyOf"]:
+        if branch.get("type") == "integer":
+            branch.update(minimum=1, maximum=MAX_MEMORY_LIMIT_BYTES)
+
+
 class PlanCreate(BaseModel):
     """What to plan: a model and batch (an experiment spec without its checkpoint setting)
     and the memory budget, in bytes or with a unit (``"24 GiB"``, ``"1.5GB"``: pydantic's
@@ -26,7 +33,10 @@ class PlanCreate(BaseModel):
 
     name: Annotated[str, StringConstraints(min_length=1, max_length=200, strip_whitespace=True)] | None = None
     base: dict[str, Any] = Field(description="the experiment spec to plan for (fields as in ExperimentCreate)")
-    budget: ByteSize = Field(description="the memory budget for the peak: bytes, or a size such as '24 GiB'")
+    budget: ByteSize = Field(
+        description="the memory budget for the peak: bytes, or a size such as '24 GiB'",
+        json_schema_extra=_budget_bounds,
+    )
     compile_budgets: list[Annotated[float, Field(ge=0.0, le=1.0, strict=True)]] = Field(
         default_factory=lambda: [0.1, 0.5, 1.0],
         max_length=8,
@@ -65,6 +75,9 @@ class PlanPointPublic(BaseModel):
     step_time_ms: float | None
     overhead_text: str | None = Field(description="step time against the baseline, with its 95% CI")
     fits: bool | None = Field(description="its measured peak is at or under the budget (null: not measured yet)")
+    gradients_match: bool | None = Field(
+        None, description="its gradients match the un-checkpointed step's (null: not verified, or the baseline)"
+    )
     on_front: bool = Field(description="no other run is both faster and lower in peak")
     predicted_peak_bytes: int | None = Field(None, description="the auto run's predicted peak")
 

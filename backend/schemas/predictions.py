@@ -12,7 +12,7 @@ from ckptlab.backend.schemas.common import EXAMPLE_SUMMARY, SummaryPublic, examp
 from ckptlab.domain import Status
 from ckptlab.prediction.budget import needs_budget
 from ckptlab.prediction.targets import MAX_CAPACITY_BYTES, get_target, target_names
-from ckptlab.spec.base import SpecInt
+from ckptlab.spec.base import spec_int
 from ckptlab.spec.experiment import ExperimentSpec
 from ckptlab.spec.presets import EXAMPLE_SPEC
 
@@ -46,11 +46,9 @@ TargetName = Annotated[
     AfterValidator(_known_target),
 ]
 CapacityBytes = Annotated[
-    SpecInt | None,
+    spec_int(gt=0, le=MAX_CAPACITY_BYTES) | None,
     Field(
         strict=True,
-        gt=0,
-        le=MAX_CAPACITY_BYTES,
         description="the device's memory in bytes, instead of the target's (a board variant, or memory other "
         "processes hold); null: the target's",
     ),
@@ -140,7 +138,10 @@ class PredictionBatchCreate(_PredictionRequest):
 
     spec: ExperimentSpec = Field(description="the experiment spec to predict (as in ExperimentCreate)")
     targets: list[TargetName] = Field(
-        min_length=1, max_length=64, description="names of GET /api/meta's targets, each at most once"
+        min_length=1,
+        max_length=64,
+        description="names of GET /api/meta's targets, each at most once",
+        json_schema_extra={"uniqueItems": True},
     )
 
     @field_validator("targets")

@@ -2,15 +2,25 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
-from ckptlab.backend.schemas.common import EXAMPLE_SUMMARY, ErrorDetail, SummaryPublic, examples
+from ckptlab.backend.schemas.common import (
+    CORRUPT_DESCRIPTION,
+    EXAMPLE_SUMMARY,
+    CorruptPublic,
+    ErrorDetail,
+    OverheadPublic,
+    SummaryPublic,
+    examples,
+)
 from ckptlab.domain import Status
 from ckptlab.spec.experiment import find_unstorable
 from ckptlab.spec.presets import EXAMPLE_SWEEP
+from ckptlab.spec.sweeps import axis_paths
 from ckptlab.strategies import BASELINE
 
 __all__ = [
@@ -32,8 +42,8 @@ __all__ = [
     "RecommendationPublic",
 ]
 
-CHART_NAMES = ("memory_vs_segments", "time_vs_segments", "pareto", "correctness")
-ChartName = Literal["memory_vs_segments", "time_vs_segments", "pareto", "correctness"]
+CHART_NAMES = ("memory_vs_segments", "time_vs_segments", "pareto", "correctness", "memory_per_rank")
+ChartName = Literal["memory_vs_segments", "time_vs_segments", "pareto", "correctness", "memory_per_rank"]
 
 #: A dotted spec path such as ``checkpoint.segments``.
 AXIS_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*){0,5}$"
@@ -42,6 +52,17 @@ AxisPath = Annotated[
     StringConstraints(pattern=AXIS_PATTERN, max_length=200),
 ]
 AxisValue = bool | int | float | Annotated[str, StringConstraints(max_length=200)] | None | dict[str, Any]
+
+
+def _axis_names(schema: dict[str, Any]) -> None:
+    """The axes' names as JSON Schema: one of the spec's field paths
+    (:func:`ckptlab.spec.sweeps.axis_paths`, read at schema time so that a kind registered
+    after import is in it) or a dotted key below a free-form one, within ``AXIS_PATTERN``'s
+    six parts."""
+    paths, free = axis_paths()
+    below = [rf"^{re.escape(p)}(\.[A-Za-z_][A-Za-z0-9_]*){{1,{5 - p.count('.')}}}$" for p in free]
+    names = [{"enum": paths}, *({"pattern": b} for b in below)]
+    schema["propertyNames"] = {"anyOf": names, "minLength": 1, "maxLength": 200}
 
 
 class SweepCreate(BaseModel):
@@ -64,8 +85,8 @@ class SweepCreate(BaseModel):
         min_length=1,
         max_length=8,
         description="dotted spec path -> values, e.g. {'checkpoint.segments': [1, 2, 4]}",
-        # Keys are dotted paths, never empty: say so in the schema, not only in the server.
-        json_schema_extra={"propertyNames": {"pattern": AXIS_PATTERN, "minLength": 1, "maxLength": 200}},
+        # Keys are the spec's field paths: say so in the schema, not only in the server.
+        json_schema_extra=_axis_names,
     )
 
     @field_validator("name", "base", "axes")
@@ -158,16 +179,18 @@ class SweepExperimentPublic(BaseModel):
 
 
 class SweepSummaryPublic(BaseModel):
-    """A sweep in a listing: its definition and progress."""
+    """A sweep in a listing: its definition and progress. A stored row that does not read back
+    whole is served all the same, ``corrupt`` saying what failed."""
 
     model_config = ConfigDict(from_attributes=True)
 
     id: int
     name: str
     axes: dict[str, Any]
-    created_at: datetime
+    created_at: datetime | None = Field(description="when it was created; null only when the stored value is corrupt")
     cancelled: bool
     progress: ProgressPublic
+    corrupt: CorruptPublic | None = Field(None, description=CORRUPT_DESCRIPTION)
 
 
 class SweepPublic(SweepSummaryPublic):
@@ -247,7 +270,7 @@ class SweepResultPublic(BaseModel):
     gradients_match: bool | None
     error: str | None
     strategy: str = Field(BASELINE, description="the spec's checkpoint.strategy")
-    overhead: dict[str, float | bool] | None = Field(
+    overhead: OverheadPublic | None = Field(
         None,
         description="step-time overhead against the baseline: estimate_pct, low_pct and high_pct (bootstrap "
         "95% CI of the ratio of medians of the timed steps) and measurable (the CI excludes 0 and the "

@@ -11,6 +11,8 @@
 - ``pareto``: memory against step time for every succeeded experiment; the Pareto frontier
   (no other run is both faster and smaller) is drawn as a line.
 - ``correctness``: the largest gradient difference against the un-checkpointed run, per run.
+- ``memory_per_rank``: a sharded sweep's peak and activations per rank (the worst rank's)
+  against ``distributed.world_size`` (issue 30); empty for a sweep without that axis.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from ckptlab.summary import RunSummary
 __all__ = ["CHARTS", "build_chart", "pareto_frontier"]
 
 SEGMENTS = "checkpoint.segments"
+WORLD_SIZE = "distributed.world_size"
 #: The runs' validated specs by experiment id; None for a stored spec that no longer
 #: validates (that run is left out of the charts that read its spec).
 _Specs = Mapping[int, ExperimentSpec | None]
@@ -301,11 +304,51 @@ def _correctness(sweep: Sweep, rows: Sequence[SweepRow], specs: _Specs) -> go.Fi
     return fig
 
 
+def _memory_per_rank(sweep: Sweep, rows: Sequence[SweepRow], specs: _Specs) -> go.Figure:
+    """Each succeeded run's peak per rank (its worst rank's) and activations against its
+    world size, one pair of lines per strategy and combination of the other axes. Without a world-size
+    axis the figure is empty and says so (``layout.meta.empty``: the page hides it)."""
+    fig = go.Figure()
+    if WORLD_SIZE not in sweep.axes:
+        fig.update_layout(meta={"empty": True}, title={"text": "This sweep does not vary distributed.world_size"})
+        return fig
+    other = [p for p in sweep.axes if p != WORLD_SIZE]
+    curves: dict[str, list[tuple[int, SweepRow]]] = defaultdict(list)
+    for r in rows:
+        spec = specs.get(r.experiment_id)
+        if spec is not None and _done(r) and r.repeat_of is None:  # a baseline's second run: drift only
+            label = f"{r.strategy} {axis_label(r.values, other)}".strip()
+            curves[label].append((spec.distributed.world_size, r))
+    for label, members in curves.items():
+        members.sort(key=lambda m: m[0])
+        for prefix, metric, dash in (
+            ("peak", "peak_allocated_bytes", "solid"),
+            ("activation", "activation_bytes", "dot"),
+        ):
+            fig.add_trace(
+                go.Scatter(
+                    x=[w for w, _ in members],
+                    y=[r.metrics[metric] for _, r in members],
+                    mode="lines+markers",
+                    name=_name(prefix, label),
+                    legendgroup=label,
+                    line={"dash": dash},
+                    hovertemplate=f"{prefix} per rank at %{{x}} ranks: %{{y:.3s}}B<extra>{label}</extra>",
+                )
+            )
+    fig.update_layout(
+        _layout("Memory per rank against world size (the worst rank's)", "ranks (world size)", "per rank (bytes)")
+    )
+    fig.update_xaxes(type="log", dtick=0.30103)  # 1, 2, 4, 8, ...
+    return fig
+
+
 CHARTS: dict[str, Callable[[Sweep, Sequence[SweepRow], _Specs], go.Figure]] = {
     "memory_vs_segments": _memory_vs_segments,
     "time_vs_segments": _time_vs_segments,
     "pareto": _pareto,
     "correctness": _correctness,
+    "memory_per_rank": _memory_per_rank,
 }
 
 

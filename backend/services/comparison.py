@@ -9,17 +9,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, defer
 
-from ckptlab.analysis.stats import NOISE_THRESHOLD_PCT, paired_ratio_ci, ratio_ci
+from ckptlab.analysis.stats import NOISE_THRESHOLD_PCT, between_separate_runs, paired_overhead_of, ratio_ci
 from ckptlab.backend.services.sweeps import overhead_words, step_samples, sweep_rows
 from ckptlab.db import store
 from ckptlab.db.models import Experiment
 from ckptlab.domain import Status
+from ckptlab.settings import Settings
 from ckptlab.spec.experiment import ExperimentSpec
+from ckptlab.spec.limits import limit_errors
 from ckptlab.strategies import BASELINE
 
-__all__ = ["Comparison", "compare_with_baseline", "MAX_BASELINE_RUNS"]
+__all__ = ["Comparison", "baseline_refusal", "compare_with_baseline", "MAX_BASELINE_RUNS"]
 
 #: Most recent matching baseline runs pooled for an experiment outside a sweep.
 MAX_BASELINE_RUNS = 10
@@ -45,6 +47,9 @@ class Comparison:
             ``low_pct``, ``high_pct``, ``measurable``), or None without timed steps.
         overhead_text: it in words (``"+18% (95% CI +12% to +25%)"`` or ``"no measurable
             difference (...)"``), or None.
+        baseline_refused: why this server would refuse the run's baseline (its spec with
+            strategy ``none``, what "Run the baseline" submits), in one sentence saying what
+            to do instead; None when it would queue it (:func:`baseline_refusal`).
     """
 
     experiment_id: int
@@ -53,6 +58,7 @@ class Comparison:
     overhead: dict[str, Any] | None = None
     overhead_text: str | None = None
     paired: bool = False
+    baseline_refused: str | None = None
 
 
 #: Spec fields that do not change the timed work: a baseline may differ in them.
@@ -86,11 +92,12 @@ def compare_with_baseline(
     summary = experiment.run_summary
     rounds = summary.paired_rounds()
     if rounds is not None:  # its own paired rounds (issue 19): the runs are for memory only
-        interval = paired_ratio_ci(rounds[0], rounds[1], threshold_pct=noise_threshold_pct)
+        interval = paired_overhead_of(summary, threshold_pct=noise_threshold_pct)  # stored at its finish
         words = overhead_words(interval, paired=rounds[2])
     elif matches:
         pooled = [t for e in matches for t in step_samples(e)]
         interval = ratio_ci(pooled, summary.step_times_ms, threshold_pct=noise_threshold_pct)
+        interval = between_separate_runs(interval, summary.host_load, *(e.run_summary.host_load for e in matches))
         words = overhead_words(interval, paired=False)
     else:
         return Comparison(experiment_id=experiment.id, is_baseline=False)
@@ -102,6 +109,41 @@ def compare_with_baseline(
         overhead_text=words,
         paired=rounds is not None,
     )
+
+
+#: What a run ``ckptlab.profile`` stored says instead of a baseline button: the server names
+#: the model by its class and never imports it, so its baseline is profiled where it lives.
+PROFILED_BASELINE = (
+    "this run was profiled in your own process, whose model this server does not build: run "
+    '`ckptlab.profile(model, sample, strategy="none")` there for its baseline'
+)
+
+
+def baseline_refusal(experiment: Experiment, settings: Settings) -> str | None:
+    """Why this server would refuse ``experiment``'s baseline, or None when it would queue it.
+
+    The baseline is what "Run the baseline" submits: the stored spec with
+    ``checkpoint.strategy`` set to ``none``, checked as ``POST /api/experiments`` checks a
+    spec (:func:`ckptlab.spec.limits.limit_errors`: the server's limits and the model kind's
+    admission check, e.g. a ``python`` target outside ``allowed_model_targets``). A run
+    ``ckptlab.profile`` stored (its summary names the profiled ``model``) gets
+    :data:`PROFILED_BASELINE`; any other refusal reads "this server would refuse its
+    baseline: ..." with the checks' messages. A spec that no longer validates says so.
+    """
+    spec = experiment.experiment_spec
+    if spec is None:
+        return "its stored spec no longer validates, so no baseline can be made from it"
+    body = spec.model_dump(mode="json")
+    try:
+        baseline = ExperimentSpec.model_validate({**body, "checkpoint": {**body["checkpoint"], "strategy": BASELINE}})
+    except ValueError as exc:  # pydantic's ValidationError
+        return f"this server would refuse its baseline: {exc}"
+    errors = limit_errors(baseline, settings)
+    if not errors:
+        return None
+    if experiment.run_summary.model is not None:
+        return PROFILED_BASELINE
+    return "this server would refuse its baseline: " + "; ".join(e["msg"] for e in errors)
 
 
 def _in_sweep(session: Session, experiment: Experiment, noise_threshold_pct: float) -> Comparison | None:
@@ -130,6 +172,7 @@ def _same_workload_baselines(session: Session, experiment: Experiment) -> list[E
         return []
     candidates = session.scalars(
         select(Experiment)
+        .options(defer(Experiment.summary))  # a match's is read when its step times are needed
         .where(
             Experiment.strategy == BASELINE,
             Experiment.status == Status.SUCCEEDED,

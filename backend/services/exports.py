@@ -42,6 +42,7 @@ EXPERIMENT_COLUMNS = (
     "finished_at",
     "worker_id",
     "error",
+    "corrupt",
 )
 
 
@@ -81,9 +82,11 @@ def flatten(data: Mapping[str, Any], prefix: str) -> dict[str, Any]:
 
 def experiment_record(exp: Experiment) -> dict[str, Any]:
     """One experiment as a flat record: :data:`EXPERIMENT_COLUMNS`, then ``spec.*`` and
-    ``summary.*`` (the error reduced to its first line)."""
+    ``summary.*`` (the error reduced to its first line; ``corrupt``: what of the stored row
+    failed to read, empty when nothing did)."""
     rec = {c: getattr(exp, c) for c in EXPERIMENT_COLUMNS}
     rec["error"] = exp.error.splitlines()[0] if exp.error else None
+    rec["corrupt"] = exp.corrupt.reason if exp.corrupt else None
     rec.update(flatten(exp.spec or {}, "spec"))
     rec.update(flatten(exp.run_summary.dump(), "summary"))
     return rec

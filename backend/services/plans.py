@@ -88,6 +88,7 @@ class PlanPoint:
     step_time_ms: float | None
     overhead_text: str | None
     fits: bool | None
+    gradients_match: bool | None = None
     on_front: bool = False
     predicted_peak_bytes: int | None = None
 
@@ -134,6 +135,7 @@ def plan_verdict(sweep: Sweep, *, noise_threshold_pct: float) -> PlanVerdict | N
                 step_time_ms=r.metrics.get("step_time_ms"),
                 overhead_text=r.overhead_text,
                 fits=None if peak is None else peak <= budget,
+                gradients_match=r.gradients_match,
             )
         )
     done = [i for i, p in enumerate(points) if p.peak_allocated_bytes is not None and p.step_time_ms is not None]

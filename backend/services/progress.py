@@ -40,7 +40,7 @@ def experiment_progress(session: Session, exp: Experiment) -> RunProgress | None
     last = latest_step_record(session, experiment_id=exp.id, attempt=exp.attempt)
     elapsed = (now_of(session) - exp.started_at).total_seconds() if exp.started_at else None
     return run_progress(
-        spec=exp.spec or {},
+        spec=exp.spec if exp.experiment_spec is not None else {},  # a corrupt spec: the defaults
         last_step=last[0] if last else None,
         last_extra=last[1] if last else None,
         elapsed_s=None if elapsed is None else max(0.0, elapsed),
@@ -56,4 +56,4 @@ def first_started(session: Session, sweep_ids: Sequence[int]) -> dict[int, datet
         .where(Experiment.sweep_id.in_(list(sweep_ids)), Experiment.started_at.is_not(None))
         .group_by(Experiment.sweep_id)
     ).all()
-    return {sid: started for sid, started in rows if started is not None}
+    return {sid: started for sid, started in rows if isinstance(started, datetime)}  # not a corrupt value

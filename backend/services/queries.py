@@ -164,14 +164,19 @@ class ExperimentState:
 def experiment_states(session: Session, *, experiment_ids: Sequence[int]) -> list[ExperimentState]:
     """Status, attempt and error of each experiment in ``experiment_ids`` (by id).
 
-    Cheap enough to poll several times a second: no JSON column is read.
+    Cheap enough to poll several times a second: no JSON column is read. A stored attempt
+    that is not an integer (a corrupt row, :mod:`ckptlab.db.corrupt`) reads as 0, as the
+    row itself does.
     """
     rows = session.execute(
         select(Experiment.id, Experiment.status, Experiment.attempt, Experiment.error)
         .where(Experiment.id.in_(list(experiment_ids)))
         .order_by(Experiment.id)
     ).all()
-    return [ExperimentState(*r) for r in rows]
+    return [
+        ExperimentState(i, status, attempt if isinstance(attempt, int) else 0, error)
+        for i, status, attempt, error in rows
+    ]
 
 
 def steps_after(

@@ -3,12 +3,14 @@
 Each stream polls the database every ``sse_poll_interval_s`` (default 0.15 s) in a worker
 thread, with a fresh session per poll (a long-lived SQLite read transaction would never see
 new commits), so an open stream holds no pooled connection between polls. At most
-``max_streams`` streams are open per server (:class:`StreamSlots`); beyond, 503 with
-``Retry-After``. Streams of one scope share their polls (:class:`SharedPolls`); each step's
-JSON is encoded once, in the polling thread, and the events after a cursor are framed once
-and written as one chunk to every stream at that place (:meth:`_Poll.step_frames`); at most
-:data:`POLL_THREADS` polls run at once, so REST routes keep their threads. A comment line
-every 15 s keeps idle connections alive. Events:
+``max_streams`` streams are open per server; beyond, 503 with ``Retry-After``, answered
+before the route is reached (:class:`ckptlab.backend.middleware.StreamCap`). Streams of one
+scope share their polls (:class:`SharedPolls`); each step's JSON is encoded once, in the
+polling thread, and the events after a cursor are framed once and written as one chunk to
+every stream at that place (:meth:`_Poll.step_frames`); at most :data:`POLL_THREADS` polls
+(and stream routes' first reads, :func:`read_once`) run at once, so REST routes keep their
+threads. A comment line every 15 s keeps idle connections alive. Events (their ``data`` as
+JSON Schema: :data:`EVENT_DATA`):
 
 - ``step``: ``{"experiment_id", "attempt", "step", "forward_ms", ..., "loss", "loss_nonfinite"}``
 - ``status``: ``{"experiment_id", "status", "attempt", "error"}``, on connect and on every
@@ -33,24 +35,23 @@ import hashlib
 import json
 import math
 import re
-import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import anyio
-from fastapi import Depends, Header, HTTPException, Query, Request, status
+from fastapi import Depends, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
+from pydantic import WithJsonSchema
 from sqlalchemy.orm import Session, sessionmaker
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from ckptlab.backend.services.queries import ExperimentState, StepRow, experiment_states, steps_after
 from ckptlab.backend.services.sweeps import Progress, sweep_progress
-from ckptlab.domain import FINISHED_STATUSES, Status
+from ckptlab.domain import FINISHED_STATUSES, SERIES_METRICS, Status
 
 __all__ = [
-    "StreamSlots",
     "SharedPolls",
     "Cursor",
     "parse_last_event_id",
@@ -59,11 +60,50 @@ __all__ = [
     "StreamRequest",
     "StreamDep",
     "event_stream",
+    "read_once",
     "EVENT_TYPES",
+    "EVENT_DATA",
 ]
 
 LAST_EVENT_ID_PATTERN = r"^\d{1,19}(:[0-9a-f]{0,32})?$"
+#: An optional cursor parameter's schema: a string when it is sent (not ``anyOf [string,
+#: null]``: a header or query parameter cannot be null, and a client would send "null").
+_CURSOR_SCHEMA = WithJsonSchema({"type": "string", "pattern": LAST_EVENT_ID_PATTERN})
 EVENT_TYPES = ("step", "status", "progress", "end")
+_INT, _NUMBER = {"type": "integer"}, {"type": ["number", "null"]}
+#: The JSON ``data`` of each event type, as JSON Schema (the streams' OpenAPI entry:
+#: :data:`ckptlab.backend.services.responses.SSE_RESPONSE`).
+EVENT_DATA: dict[str, dict[str, Any]] = {
+    "step": {
+        "type": "object",
+        "description": "a step of a run: times in ms, memory in bytes (null: not measured or not finite)",
+        "required": ["experiment_id", "attempt", "step"],
+        "properties": {"experiment_id": _INT, "attempt": _INT, "step": _INT} | dict.fromkeys(SERIES_METRICS, _NUMBER),
+    },
+    "status": {
+        "type": "object",
+        "required": ["experiment_id", "status", "attempt", "error"],
+        "properties": {
+            "experiment_id": _INT,
+            "status": {"enum": [s.value for s in Status]},
+            "attempt": _INT,
+            "error": {"type": ["string", "null"]},
+        },
+    },
+    "progress": {
+        "type": "object",
+        "description": "a sweep's progress, after its status events",
+        "required": ["total", "finished", "counts", "eta_s", "eta_text"],
+        "properties": {
+            "total": _INT,
+            "finished": _INT,
+            "counts": {"type": "object", "additionalProperties": _INT},
+            "eta_s": _NUMBER,
+            "eta_text": {"type": "string"},
+        },
+    },
+    "end": {"type": "object", "required": ["reason"], "properties": {"reason": {"const": "finished"}}},
+}
 _MAX_CURSOR = 2**63 - 1
 #: Steps read per poll; a stream catching up reads again at once.
 BATCH = 1000
@@ -185,33 +225,6 @@ class _Poll:
         return hit
 
 
-class StreamSlots:
-    """A server's cap on concurrent live streams (``max_streams``): each open stream holds a
-    slot, no database connection (it polls with a short session each time)."""
-
-    def __init__(self, limit: int):
-        self.limit = limit
-        self.open = 0
-        self._lock = threading.Lock()
-
-    def acquire(self) -> bool:
-        """Take a slot; False when all ``limit`` are taken."""
-        with self._lock:
-            if self.open >= self.limit:
-                return False
-            self.open += 1
-            return True
-
-    def release(self) -> None:
-        """Give a slot back (a stream ended or its client left)."""
-        with self._lock:
-            self.open = max(0, self.open - 1)
-
-
-#: Seconds a client refused for the stream cap is told to wait (``Retry-After``).
-RETRY_AFTER_S = 5
-
-
 @dataclass(frozen=True)
 class StreamRequest:
     """What a stream route needs from its request.
@@ -223,18 +236,17 @@ class StreamRequest:
         cursor: where the client resumes (from ``Last-Event-ID``).
         poll_interval_s: the server's ``sse_poll_interval_s``.
         include_steps: the ``steps`` query flag.
-        slots: the server's stream cap.
+        shared: the server's shared polls (None: each stream polls on its own).
     """
 
     sessions: sessionmaker[Session]
     cursor: Cursor
     poll_interval_s: float
     include_steps: bool
-    slots: StreamSlots
     shared: SharedPolls | None = None
 
 
-def stream_request(
+async def stream_request(
     request: Request,
     last_event_id: Annotated[
         str | None,
@@ -242,6 +254,7 @@ def stream_request(
             pattern=LAST_EVENT_ID_PATTERN,
             description="resume after this event id (browsers send it when they reconnect)",
         ),
+        _CURSOR_SCHEMA,
     ] = None,
     steps: Annotated[bool, Query(description="send step events (false: statuses and progress only)")] = True,
     last_event_id_query: Annotated[
@@ -252,18 +265,19 @@ def stream_request(
             description="resume after this event id when the header cannot be set (a new EventSource); "
             "the Last-Event-ID header wins",
         ),
+        _CURSOR_SCHEMA,
     ] = None,
 ) -> StreamRequest:
     """The :class:`StreamRequest` of a stream route (a 422 names a malformed Last-Event-ID).
 
     The cursor comes from the ``Last-Event-ID`` header (a browser's own reconnection) or else
-    the ``last_event_id`` query parameter (a client that opens a new stream to resume)."""
+    the ``last_event_id`` query parameter (a client that opens a new stream to resume). A
+    coroutine: it waits on nothing, and a worker thread would make it wait behind busy ones."""
     return StreamRequest(
         sessions=request.app.state.sessionmaker,
         cursor=cursor_from_header(last_event_id or last_event_id_query),
         poll_interval_s=request.app.state.settings.sse_poll_interval_s,
         include_steps=steps,
-        slots=request.app.state.stream_slots,
         shared=request.app.state.shared_polls,
     )
 
@@ -325,6 +339,23 @@ class SharedPolls:
         return result
 
 
+T = TypeVar("T")
+
+
+async def read_once(stream: StreamRequest, read: Callable[[Session], T]) -> T:
+    """``read(session)`` with a short session of its own, in a poll thread (at most
+    :data:`POLL_THREADS` at once): a stream route's check that what it streams exists. Not
+    in the API's thread pool: 200 streams opening at once would keep its 40 threads
+    contending with the event loop for the GIL, and every request waiting on the loop, the
+    refusals over the cap too (``bench/bench_stream_burst.py``)."""
+
+    def run() -> T:
+        with stream.sessions() as session:  # short: an open stream holds no pooled connection
+            return read(session)
+
+    return await anyio.to_thread.run_sync(run, limiter=_poll_limiter())
+
+
 def event_stream(
     stream: StreamRequest,
     *,
@@ -343,12 +374,6 @@ def event_stream(
     """
     sessions, cursor, include_steps = stream.sessions, stream.cursor, stream.include_steps
     poll_interval_s = stream.poll_interval_s
-    if not stream.slots.acquire():
-        raise HTTPException(
-            status.HTTP_503_SERVICE_UNAVAILABLE,
-            detail=f"this server already serves {stream.slots.limit} live streams (max_streams); retry later",
-            headers={"Retry-After": str(RETRY_AFTER_S)},
-        )
 
     def poll(after: int, known: dict[int, tuple[str, int]] | None) -> _Poll:
         # Statuses first, then steps: a finished status read here guarantees that its
@@ -367,13 +392,6 @@ def event_stream(
             progress = sweep_progress(session, sweep_ids=[sweep_id])[sweep_id] if sweep_id is not None else None
         # Encoded here, in the polling thread, once for every stream that shares this poll.
         return _Poll(states, steps, progress, len(steps) >= BATCH, [_encode(_step_data(r)) for r in steps])
-
-    async def generate() -> AsyncIterator[ServerSentEvent]:
-        try:
-            async for event in _events():
-                yield event
-        finally:
-            stream.slots.release()
 
     async def shared_poll(after: int, known: dict[int, tuple[str, int]] | None) -> _Poll:
         if scope is None or stream.shared is None:
@@ -414,4 +432,4 @@ def event_stream(
                 return
             await anyio.sleep(poll_interval_s)
 
-    return EventSourceResponse(generate(), ping=15, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return EventSourceResponse(_events(), ping=15, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

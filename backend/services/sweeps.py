@@ -12,13 +12,21 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from ckptlab.analysis.progress import SweepEta, format_duration, sweep_eta
-from ckptlab.analysis.stats import NOISE_THRESHOLD_PCT, RatioInterval, paired_ratio_ci, ratio_ci
+from ckptlab.analysis.stats import (
+    NOISE_THRESHOLD_PCT,
+    RatioInterval,
+    between_separate_runs,
+    paired_overhead_of,
+    paired_ratio_ci,
+    ratio_ci,
+)
 from ckptlab.backend.services.progress import first_started, now_of
 from ckptlab.db.models import Experiment, Sweep
 from ckptlab.domain import FINISHED_STATUSES, Status
 from ckptlab.spec.experiment import ExperimentSpec
 from ckptlab.spec.sweeps import axis_label, axis_value, is_checkpoint_axis, reads
 from ckptlab.strategies import BASELINE, STRATEGIES
+from ckptlab.summary import HostLoad
 
 __all__ = [
     "Progress",
@@ -159,6 +167,10 @@ class SweepRow:
         step_times_ms: the timed step times (ms), for comparing two rows; for a baseline's
             first run, those of all its succeeded runs.
         noise_threshold_pct: the noise threshold its comparisons use.
+        host_load: the host's load when its timing pass ended; ``loads``: those of every run
+            in its ``step_times_ms`` (a baseline's first run pools its repeats'). A comparison
+            of separate runs whose loads say so is not comparable
+            (:func:`ckptlab.analysis.stats.between_separate_runs`).
         paired: ``(baseline, run, clock)`` times of its paired rounds with an un-checkpointed copy
             in its own process (:meth:`ckptlab.summary.RunSummary.paired_rounds`; issue
             19), or None. With them the overhead is :func:`ckptlab.analysis.stats.paired_ratio_ci`
@@ -186,12 +198,14 @@ class SweepRow:
     peak_explanation: str | None = None
     step_times_ms: list[float] = field(default_factory=list)
     paired: tuple[list[float], list[float], str] | None = None
+    paired_interval: RatioInterval | None = None
+    host_load: HostLoad | None = None
+    loads: list[HostLoad | None] = field(default_factory=list)
 
     def paired_overhead(self) -> RatioInterval | None:
-        """Its overhead from its paired rounds (None when it has none)."""
-        if self.paired is None:
-            return None
-        return paired_ratio_ci(self.paired[0], self.paired[1], threshold_pct=self.noise_threshold_pct)
+        """Its overhead from its paired rounds (None when it has none): the figures its
+        worker stored (:func:`ckptlab.analysis.stats.paired_overhead_of`)."""
+        return self.paired_interval
 
 
 def compare_rows(a: SweepRow, b: SweepRow) -> RatioInterval | None:
@@ -208,7 +222,7 @@ def compare_rows(a: SweepRow, b: SweepRow) -> RatioInterval | None:
         return paired_ratio_ci(b.paired[0], b.paired[1], threshold_pct=threshold)
     if b.role == "baseline" and a.paired is not None:
         return paired_ratio_ci(a.paired[1], a.paired[0], threshold_pct=threshold)
-    return ratio_ci(a.step_times_ms, b.step_times_ms, threshold_pct=threshold)
+    return between_separate_runs(ratio_ci(a.step_times_ms, b.step_times_ms, threshold_pct=threshold), b.loads, *a.loads)
 
 
 def _simplicity(spec: ExperimentSpec | None) -> tuple:
@@ -242,6 +256,9 @@ def overhead_words(
     if interval is None:
         return None
     ci = f"95% CI {interval.low_pct:+.0f}% to {interval.high_pct:+.0f}%"
+    if interval.not_comparable is not None:  # "separate runs on a busy host: not comparable (loads...)"
+        text = f"{interval.not_comparable[:-1]}; {ci})"
+        return f"drift since the first baseline run: {text}" if drift else text
     if paired is not None:
         ci += f"; {paired} of rounds paired with none in one process" if paired else f"; {UNPAIRED_WORDS}"
     text = f"{interval.estimate_pct:+.0f}% ({ci})" if interval.measurable else f"no measurable difference ({ci})"
@@ -304,6 +321,9 @@ def _row(exp: Experiment, spec: ExperimentSpec | None, paths: list[str], noise_t
         peak_explanation=summary.peak_explanation,
         step_times_ms=summary.step_times_ms,
         paired=summary.paired_rounds(),
+        paired_interval=paired_overhead_of(summary, threshold_pct=noise_threshold_pct),
+        host_load=summary.host_load,
+        loads=[summary.host_load],
         noise_threshold_pct=noise_threshold_pct,
     )
 
@@ -328,7 +348,9 @@ def _match_baselines(rows: list[SweepRow], noise_threshold_pct: float) -> dict[s
             b.label = f"{b.label} (again)"
             if b.status == Status.SUCCEEDED:
                 first.step_times_ms = first.step_times_ms + b.step_times_ms
+                first.loads = first.loads + b.loads
                 drift = ratio_ci(own, b.step_times_ms, threshold_pct=noise_threshold_pct)
+                drift = between_separate_runs(drift, b.loads, *first.loads[:1])
                 b.overhead = drift.as_dict() if drift else None
                 b.overhead_text = overhead_words(drift, drift=True)
     return baselines
@@ -358,6 +380,7 @@ def _compare_with_baseline(r: SweepRow, b: SweepRow | None, noise_threshold_pct:
         m["overhead_pct"] = interval.estimate_pct
     elif r.role == "run" and b is not None:
         interval = ratio_ci(b.step_times_ms, r.step_times_ms, threshold_pct=noise_threshold_pct)
+        interval = between_separate_runs(interval, r.loads, *b.loads)
         r.overhead = interval.as_dict() if interval else None
         r.overhead_text = overhead_words(interval, paired=False)
         if interval:
@@ -381,6 +404,7 @@ def _against_compiled_baseline(rows: list[SweepRow], compiled: Mapping[int, Any]
         if r.experiment_id not in compiled or ref is None or ref is r:
             continue
         interval = ratio_ci(ref.step_times_ms, r.step_times_ms, threshold_pct=noise_threshold_pct)
+        interval = between_separate_runs(interval, r.loads, *ref.loads)
         words = overhead_words(interval, paired=False)
         r.overhead = interval.as_dict() if interval else None
         r.overhead_text = f"{words} against {ref.label}" if words else None

@@ -268,8 +268,8 @@ def _memory_growth(summary: RunSummary) -> list[Finding]:
         _finding(
             "memory_grows_per_step",
             f"{FINDING_CODES['memory_grows_per_step']} (+{format_bytes(growth)} per step over {steps} steps): "
-            "most likely a loss or output kept across steps as a tensor (`total_loss += loss` keeps each "
-            "step's autograd graph alive; accumulate `loss.item()` or `loss.detach()`, and do not keep "
-            "outputs in a list)",
+            "most likely a tensor kept across steps, such as each step's output appended to a list; keep "
+            "`out.detach()` or numbers (`loss.item()`) instead (a running `total_loss += loss` is not it: "
+            "backward frees what its graph saved, so live bytes stay flat, docs/guide.md)",
         )
     ]

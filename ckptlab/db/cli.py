@@ -1,7 +1,8 @@
-"""The database's commands, shared by both processes: ``ckptlab db rebuild-rollups``.
+"""The database's commands, shared by both processes: ``ckptlab db rebuild-rollups`` and
+``ckptlab db check``.
 
 ``cli/main.py`` adds :data:`app` beside the worker's and the backend's apps. Exit codes: 0
-success, 2 bad input (one line on stderr).
+success, 1 ``db check`` found corrupt rows, 2 bad input (one line on stderr).
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from ckptlab.db.corrupt import corrupt_rows
 from ckptlab.db.database import Database
-from ckptlab.db.models import Experiment
+from ckptlab.db.models import Experiment, Sweep
 from ckptlab.db.rollups import attempts_with_steps, rebuild_rollups
 from ckptlab.settings import get_settings
 
@@ -70,3 +72,28 @@ def rebuild_rollups_command(
         f"rolled up {rows:,} steps of {len(todo)} attempt(s) of {experiments} experiment(s) "
         f"in {time.perf_counter() - t0:.1f} s"
     )
+
+
+@db_app.command("check")
+def check_command() -> None:
+    """List the stored experiments and sweeps that do not read back whole, one line each: table, id and what
+    failed (invalid JSON, a date or an integer that is not one, a value of the wrong shape, a spec or summary
+    that does not validate). The API serves such rows with "corrupt" saying the same.
+
+    Exits 1 when it found any, 0 when every row reads back.
+    """
+    settings = get_settings()
+    found, read = 0, dict.fromkeys(("experiments", "sweeps"), 0)
+    with Database(settings.resolved_database_url) as db:
+        db.ensure_schema()
+        with db.session() as session:
+            for table, row_id, corruption in corrupt_rows(session, Experiment, Sweep):
+                read[table] += 1
+                if corruption is not None:
+                    found += 1
+                    typer.echo(f"{table} {row_id}: {corruption.reason}")
+    counts = f"{read['experiments']} experiment(s) and {read['sweeps']} sweep(s)"
+    if found:
+        typer.echo(f"{found} corrupt row(s) of {counts}")
+        raise typer.Exit(1)
+    typer.echo(f"no corrupt row: {counts} read back whole")

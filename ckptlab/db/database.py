@@ -3,10 +3,12 @@ factory and the migrations, for SQLite (default) and PostgreSQL."""
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import orjson
 from sqlalchemy import ColumnElement, Engine, Executable, create_engine, event, func, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
@@ -45,8 +47,22 @@ def _sqlite_pragmas(dbapi_conn, _record) -> None:
     cur.close()
 
 
+def read_json(text: str | bytes) -> Any:
+    """A stored JSON value (every JSON column's deserializer): orjson, about four times as
+    fast as ``json`` on a long run's summary (its step times: a 20,000-step paired run's is
+    1.5 MB), and ``json`` for what orjson refuses (``NaN``, which ``json.dumps`` writes).
+
+    Raises:
+        json.JSONDecodeError: ``text`` is not JSON.
+    """
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return json.loads(text)
+
+
 def make_engine(url: str) -> Engine:
-    """Create an engine for ``url``.
+    """Create an engine for ``url``, its JSON columns read by :func:`read_json`.
 
     SQLite files get WAL mode, a :data:`SQLITE_BUSY_TIMEOUT_MS` (5 s) busy timeout and foreign
     keys; their parent folder is created. Raises ``sqlalchemy.exc.ArgumentError`` for a malformed URL.
@@ -55,10 +71,10 @@ def make_engine(url: str) -> Engine:
     if parsed.get_backend_name() == "sqlite":
         if parsed.database and parsed.database != ":memory:":
             Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(url, connect_args={"check_same_thread": False})
+        engine = create_engine(url, connect_args={"check_same_thread": False}, json_deserializer=read_json)
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
-    return create_engine(url, pool_pre_ping=True)
+    return create_engine(url, pool_pre_ping=True, json_deserializer=read_json)
 
 
 def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:

@@ -43,6 +43,16 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.types import TypeDecorator
 
+from ckptlab.db.corrupt import (
+    TolerantJSON,
+    TolerantRead,
+    Watched,
+    objects_problem,
+    spec_problem,
+    strings_problem,
+    summary_problem,
+    watch,
+)
 from ckptlab.domain import SERIES_METRICS, Status
 from ckptlab.spec.experiment import ExperimentSpec
 from ckptlab.summary import RunSummary
@@ -75,11 +85,13 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
-class UTCDateTime(TypeDecorator):
-    """Timezone-aware UTC datetimes on every dialect (SQLite drops the offset: put it back)."""
+class UTCDateTime(TolerantRead, TypeDecorator):
+    """Timezone-aware UTC datetimes on every dialect (SQLite drops the offset: put it back).
+    Text SQLite cannot parse as one reads as :class:`~ckptlab.db.corrupt.Unreadable`."""
 
     impl = DateTime(timezone=True)
     cache_ok = True
+    what = "a date and time"
 
     def process_bind_param(self, value: datetime | None, dialect) -> datetime | None:
         if value is not None and value.tzinfo is not None:
@@ -96,8 +108,9 @@ class Base(DeclarativeBase):
     """Declarative base of the ckptlab schema."""
 
 
-class Experiment(Base):
-    """One submitted experiment and its outcome."""
+class Experiment(Watched, Base):
+    """One submitted experiment and its outcome. A row that does not read back whole is
+    loaded with stand-ins and says what failed in ``corrupt`` (:mod:`ckptlab.db.corrupt`)."""
 
     __tablename__ = "experiments"
     __table_args__ = (
@@ -106,7 +119,7 @@ class Experiment(Base):
 
     id: Mapped[int] = mapped_column(Id, primary_key=True)
     status: Mapped[str] = mapped_column(String(16), default=Status.QUEUED, index=True)
-    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    spec: Mapped[dict[str, Any]] = mapped_column(TolerantJSON())
     model_kind: Mapped[str] = mapped_column(String(32))
     strategy: Mapped[str] = mapped_column(String(32))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
@@ -114,10 +127,14 @@ class Experiment(Base):
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     worker_id: Mapped[str | None] = mapped_column(String(128))
     attempt: Mapped[int] = mapped_column(Integer, default=0)
-    summary: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    summary: Mapped[dict[str, Any] | None] = mapped_column(TolerantJSON())
+    #: Why it did not succeed, in one sentence (no traceback: that is ``log``'s).
     error: Mapped[str | None] = mapped_column(Text)
+    #: The traceback of a failed run (the worker's record of it), served behind the API
+    #: token (``GET /api/experiments/{id}/log``); None when none was recorded.
+    log: Mapped[str | None] = mapped_column(Text, deferred=True)
     #: Warnings and checkpoint errors raised during the run, in order, deduplicated.
-    warnings: Mapped[list[str] | None] = mapped_column(JSON)
+    warnings: Mapped[list[str] | None] = mapped_column(TolerantJSON(list))
     sweep_id: Mapped[int | None] = mapped_column(Id, ForeignKey("sweeps.id", ondelete="CASCADE"), index=True)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     #: Path of a CUDA memory snapshot (pickle for pytorch.org/memory_viz), when recorded.
@@ -227,21 +244,32 @@ class ExperimentEvent(Base):
     reason: Mapped[str | None] = mapped_column(Text)
 
 
-class Sweep(Base):
-    """A named set of experiments expanded from a base spec and axes (dotted spec paths)."""
+class Sweep(Watched, Base):
+    """A named set of experiments expanded from a base spec and axes (dotted spec paths). A
+    row that does not read back whole says what failed in ``corrupt``, as an experiment."""
 
     __tablename__ = "sweeps"
 
     id: Mapped[int] = mapped_column(Id, primary_key=True)
     name: Mapped[str] = mapped_column(String(200))
-    base: Mapped[dict[str, Any]] = mapped_column(JSON)
-    axes: Mapped[dict[str, Any]] = mapped_column(JSON)
+    base: Mapped[dict[str, Any]] = mapped_column(TolerantJSON())
+    axes: Mapped[dict[str, Any]] = mapped_column(TolerantJSON())
     #: Combinations that failed validation: ``[{"values": {...}, "errors": [...]}]``.
-    invalid: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)
+    invalid: Mapped[list[dict[str, Any]] | None] = mapped_column(TolerantJSON(list))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     cancelled: Mapped[bool] = mapped_column(Boolean, default=False)
 
     experiments: Mapped[list[Experiment]] = relationship(back_populates="sweep", order_by="Experiment.id")
+
+
+# Rows that do not read back whole are loaded with stand-ins and say so (ckptlab.db.corrupt):
+# a spec or summary that does not validate is served as stored, warnings that are not
+# strings and invalid combinations that are not objects are not served.
+watch(
+    Experiment,
+    content={"spec": (spec_problem, False), "summary": (summary_problem, False), "warnings": (strings_problem, True)},
+)
+watch(Sweep, content={"invalid": (objects_problem, True)})
 
 
 class Worker(Base):

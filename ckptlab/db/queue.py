@@ -110,6 +110,7 @@ def finish_experiment(
     warnings: Sequence[str] | None = None,
     snapshot_path: str | None = None,
     attempt: int | None = None,
+    log: str | None = None,
 ) -> bool:
     """Record the outcome of a running experiment; returns whether it was recorded.
 
@@ -122,10 +123,13 @@ def finish_experiment(
             ``timed_out``, ``cancelled``).
         summary: the run's summary (the engine's on success; the out-of-memory or failure
             details otherwise), stored as :meth:`RunSummary.dump` (None when empty).
-        error: error text (None on success).
+        error: why it did not succeed, one sentence (None on success): the API serves it to
+            anyone who can read the experiment.
         warnings: warnings raised during the run, stored in ``experiments.warnings``.
         snapshot_path: path of a CUDA memory snapshot written by the run.
         attempt: the attempt being finished. Default: whichever is current.
+        log: the run's log (a failure's traceback), stored in ``experiments.log`` and served
+            behind the API token; None: none (an earlier attempt's is cleared).
 
     Raises:
         ValueError: ``status`` is not a finished status.
@@ -139,6 +143,7 @@ def finish_experiment(
         "status": status,
         "summary": (summary.dump() or None) if summary is not None else None,
         "error": error,
+        "log": log,
         "finished_at": db_now(session),
     }
     if warnings is not None:
@@ -188,7 +193,9 @@ def request_cancel(session: Session, *, experiment_id: int) -> Experiment | None
 
     A queued experiment becomes ``cancelled`` in this call. A running one gets
     ``cancel_requested``; its worker polls the flag (every 0.25 s), kills the run and records
-    ``cancelled``. Asking again for a running experiment is harmless.
+    ``cancelled``; a run in its caller's own process (``ckptlab run``, ``ckptlab.profile``)
+    reads it every 0.5 s and stops at its next step. Asking again for a running experiment is
+    harmless.
 
     Returns:
         The experiment as stored after the request, or None when there is no such id.

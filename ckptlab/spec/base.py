@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-__all__ = ["_Strict", "_field_error", "SpecInt", "integral"]
+__all__ = ["_Strict", "_field_error", "SpecInt", "spec_int", "integral"]
 
 
 def integral(value: Any) -> Any:
@@ -23,6 +23,15 @@ def integral(value: Any) -> Any:
 #: An integer field of the spec: strict, but ``8.0`` is 8 (the JSON schema says ``integer``,
 #: and JSON does not tell 8.0 from 8).
 SpecInt = Annotated[int, BeforeValidator(integral)]
+
+
+def spec_int(**bounds: int) -> Any:
+    """:data:`SpecInt` within ``bounds`` (``ge``, ``gt``, ``le``, ``lt``), for an optional
+    field: ``spec_int(ge=1) | None``. The bounds come before ``integral``'s validator, so the
+    JSON schema states them as ``minimum`` / ``maximum`` / ``exclusiveMinimum`` in the
+    field's ``anyOf`` (``Field(None, ge=1)`` on ``SpecInt | None`` puts them after it, where
+    pydantic writes ``ge`` / ``le`` keys that JSON Schema does not know)."""
+    return Annotated[int, Field(**bounds), BeforeValidator(integral)]
 
 
 class _Strict(BaseModel):

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, Field, StrictBool, model_validator
 
 from ckptlab.spec import model_kinds as _builtin_kinds  # noqa: F401  (registers the built-in kinds)
-from ckptlab.spec.base import SpecInt, _field_error, _Strict
+from ckptlab.spec.base import SpecInt, _field_error, _Strict, spec_int
 from ckptlab.spec.hf_model import HFModelSpec
 from ckptlab.spec.kinds import default_model, model_spec_type
 from ckptlab.spec.models import (
@@ -52,6 +52,8 @@ __all__ = [
 
 #: Largest ``memory_limit_bytes`` a spec may give: 1 PiB, above any device or host.
 MAX_MEMORY_LIMIT_BYTES = 2**50
+#: Bytes of memory a spec may name (a limit, a budget): 1 byte to 1 PiB.
+MemoryBytes = spec_int(ge=1, le=MAX_MEMORY_LIMIT_BYTES)
 #: ``ExperimentSpec.model``: a model of any kind in the model-kind table (:mod:`ckptlab.spec.kinds`).
 ModelSpec = model_spec_type()
 
@@ -108,9 +110,7 @@ class CheckpointSpec(_Strict):
     policy: Annotated[SelectivePolicy, Field(strict=False)] = SelectivePolicy.SAVE_MATMULS
     use_reentrant: StrictBool = False
     preserve_rng_state: StrictBool = True
-    budget_bytes: SpecInt | None = Field(
-        None, ge=1, le=MAX_MEMORY_LIMIT_BYTES, description="memory budget (bytes) of strategy 'auto'"
-    )
+    budget_bytes: MemoryBytes | None = Field(None, description="memory budget (bytes) of strategy 'auto'")
     activation_memory_budget: float = Field(
         0.5, ge=0.0, le=1.0, description="fraction of activation memory torch.compile may save ('compile_budget')"
     )
@@ -151,6 +151,13 @@ class DistributedSpec(_Strict):
             (the root only: every parameter all-gathered at once) or ``block_children``
             (each child module of every block, then the root: units inside the checkpointed
             blocks, the shape of huggingface/accelerate#4172, which the unit audit flags).
+        find_unused_parameters: DDP only: ``DistributedDataParallel(find_unused_parameters=
+            True)``, which walks the autograd graph after each forward and marks parameters
+            outside it ready at once. With reentrant checkpointing the checkpointed blocks'
+            parameters are outside that graph (their forward ran under ``no_grad``), so their
+            recomputed backward marks them ready a second time and DDP fails
+            (pytorch/pytorch#24005; "Expected to mark a variable ready only once"): the run
+            fails and its error says what to change.
 
     Real runs on CPU use the gloo backend (``init_device_mesh("cpu", ...)``; gloo has no
     ``PREMUL_SUM``, so FSDP2 keeps its default gradient division); on CUDA, NCCL with one GPU
@@ -162,9 +169,16 @@ class DistributedSpec(_Strict):
     reshard_after_forward: StrictBool = True
     mixed_precision: MixedPrecisionSpec | None = None
     shard_unit: Literal["block", "model", "block_children"] = "block"
+    find_unused_parameters: StrictBool = False
 
     @model_validator(mode="after")
     def _consistent(self) -> DistributedSpec:
+        if self.find_unused_parameters and self.kind != "ddp":
+            raise _field_error(
+                ("find_unused_parameters",),
+                True,
+                f"find_unused_parameters is DDP's option; kind {self.kind!r} has none",
+            )
         if self.kind == "none" and self.world_size != 1:
             raise _field_error(
                 ("world_size",), self.world_size, f"world_size {self.world_size} needs kind 'ddp' or 'fsdp2'"
@@ -240,7 +254,7 @@ class ExperimentSpec(_Strict):
     optimizer: Literal["sgd", "adam", "adamw"] = "adam"
     device: Literal["auto", "cpu", "cuda"] = "auto"
     seed: SpecInt = Field(0, ge=0, le=2**53 - 1)
-    memory_limit_bytes: SpecInt | None = Field(None, ge=1, le=MAX_MEMORY_LIMIT_BYTES)
+    memory_limit_bytes: MemoryBytes | None = None
     verify_gradients: StrictBool = True
     memory_snapshot: StrictBool = False
     timeout_s: float | None = Field(None, gt=0, le=7 * 24 * 3600)
@@ -300,6 +314,9 @@ class ExperimentSpec(_Strict):
                 f"hf {model.architecture} layers take keyword tensor arguments (attention masks, position "
                 "embeddings), which reentrant checkpoint cannot take (torch.utils.checkpoint); use use_reentrant false",
             )
+        batch_problem = model.batch_problem(self.batch_size) if isinstance(model, HFModelSpec) else None
+        if batch_problem:
+            raise _field_error(("batch_size",), self.batch_size, batch_problem)
         if strategy.planned and ck.budget_bytes is None:
             raise _field_error(
                 ("checkpoint", "budget_bytes"), None, f"strategy {ck.strategy!r} needs budget_bytes (the memory budget)"

@@ -1,17 +1,20 @@
 """The ``hf`` model of the experiment spec: a Hugging Face ``transformers`` architecture and
 the config fields it sets, checked against :data:`ckptlab.spec.hf_catalog.HF_ARCHITECTURES` (no
-transformers import)."""
+transformers import), and the shape rules a config must meet to run at all
+(:func:`hf_shape_problem`, :func:`hf_batch_problem`)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
-from ckptlab.spec.base import SpecInt, _field_error, _Strict, integral
+from ckptlab.spec.base import _field_error, _Strict, integral, spec_int
 from ckptlab.spec.hf_catalog import ATTN_IMPLEMENTATIONS, HF_ARCHITECTURES, HFArchitecture, HFField
+from ckptlab.spec.hf_params import convnext_maps, resnet_layers, swin_grids
 
-__all__ = ["HFModelSpec", "DEFAULT_SEQ_LEN", "DEFAULT_IMAGE_SIZE"]
+__all__ = ["HFModelSpec", "DEFAULT_SEQ_LEN", "DEFAULT_IMAGE_SIZE", "hf_shape_problem", "hf_batch_problem"]
 
 #: ``seq_len`` of a language model and ``image_size`` of a vision model that give none.
 DEFAULT_SEQ_LEN, DEFAULT_IMAGE_SIZE = 128, 64
@@ -52,11 +55,11 @@ class HFModelSpec(_Strict):
     attn_implementation: Literal[ATTN_IMPLEMENTATIONS] = Field(  # type: ignore[valid-type]
         "sdpa", title="Attention", description="sdpa: fused; eager: the attention matrix is kept for backward"
     )
-    seq_len: SpecInt | None = Field(
-        None, ge=2, le=32768, description=f"tokens per sample (language models; empty: {DEFAULT_SEQ_LEN})"
+    seq_len: spec_int(ge=2, le=32768) | None = Field(
+        None, description=f"tokens per sample (language models; empty: {DEFAULT_SEQ_LEN})"
     )
-    image_size: SpecInt | None = Field(
-        None, ge=16, le=1024, description=f"image height and width, pixels (vision models; empty: {DEFAULT_IMAGE_SIZE})"
+    image_size: spec_int(ge=16, le=1024) | None = Field(
+        None, description=f"image height and width, pixels (vision models; empty: {DEFAULT_IMAGE_SIZE})"
     )
 
     @model_validator(mode="before")
@@ -108,7 +111,14 @@ class HFModelSpec(_Strict):
                 raise _field_error(
                     (other,), c[other], f"{other} needs one value per stage ({len(c['depths'])} stages in depths)"
                 )
+        problem = hf_shape_problem(self.architecture, c, self.input_size)
+        if problem:
+            raise _field_error((problem[0],), problem[1], problem[2])
         return self
+
+    def batch_problem(self, batch_size: int) -> str | None:
+        """Why ``batch_size`` samples cannot train this model (:func:`hf_batch_problem`), or None."""
+        return hf_batch_problem(self.architecture, self.config_values, self.input_size, batch_size)
 
     @property
     def arch(self) -> HFArchitecture:
@@ -159,3 +169,136 @@ def _hf_field_problem(f: HFField, value: Any) -> str | None:
         return f"expected a list of 1 to {f.max_items} numbers"
     problems = [number(v, f.type.removesuffix("_list")) for v in value]
     return next((p for p in problems if p), None)
+
+
+# ----------------------------------------------------------------- shape rules
+
+#: Why a config cannot run: ``(field, value, message)``.
+Problem = tuple[str, Any, str]
+
+
+def _rotary_problem(c: Mapping[str, Any], _size: int) -> Problem | None:
+    """Llama-style decoders rotate pairs of each head's features (rotary position
+    embeddings): ``hidden_size / num_attention_heads`` must be even."""
+    heads = c["num_attention_heads"]
+    head = c["hidden_size"] // heads
+    if head % 2 == 0:
+        return None
+    return (
+        "num_attention_heads",
+        heads,
+        f"hidden_size / num_attention_heads is {head} features per head; rotary position embeddings rotate "
+        "pairs of features, so it must be even",
+    )
+
+
+def _vit_problem(c: Mapping[str, Any], size: int) -> Problem | None:
+    """ViT's patch convolution (kernel and stride ``patch_size``, no padding) needs
+    ``patch_size ≤ image_size``."""
+    p = c["patch_size"]
+    if p <= size:
+        return None
+    return "patch_size", p, f"patch_size ({p}) is larger than image_size ({size}): no patch fits in the image"
+
+
+def _convnext_problem(c: Mapping[str, Any], size: int) -> Problem | None:
+    """ConvNeXt's later stages each halve the map with a 2x2 stride-2 convolution, which
+    needs a map of at least 2x2: the stem's map (``image_size // patch_size``) must be at
+    least ``2^(stages - 1)``."""
+    first, stages, p = convnext_maps(c, size)[0], len(c["depths"]), c["patch_size"]
+    need = 2 ** (stages - 1)
+    if first >= need:
+        return None
+    return (
+        "image_size",
+        size,
+        f"image_size {size} leaves a {first}×{first} map after the patch_size {p} stem, and each of the "
+        f"{stages - 1} later stages halves it with a 2×2 stride-2 convolution, which needs at least 2×2: "
+        f"the stem's map must be at least {need}×{need} (image_size ≥ {p * need} with patch_size {p}, "
+        "or fewer stages in depths)",
+    )
+
+
+def _swin_problem(c: Mapping[str, Any], size: int) -> Problem | None:
+    """Swin: each stage's channels (``embed_dim × 2^i``) must split into its heads; and
+    each stage's patch grid (:func:`swin_grids`) must be at least ``window_size``: a
+    smaller grid makes transformers shrink the window to it while the relative-position
+    bias stays that of a ``window_size`` window, and the two do not add up (a grid of
+    ``window_size`` or more is padded to whole windows, which runs)."""
+    for i, heads in enumerate(c["num_heads"]):
+        dim = c["embed_dim"] * 2**i
+        if dim % heads:
+            msg = f"stage {i + 1} has {dim} channels (embed_dim × {2**i}), which its {heads} heads do not divide"
+            return "num_heads", list(c["num_heads"]), msg
+    grids, w, p = swin_grids(c, size), c["window_size"], c["patch_size"]
+    if grids[-1] >= w:
+        return None
+    least = (w - 1) * 2 ** (len(grids) - 1) * p + 1
+    return (
+        "window_size",
+        w,
+        f"the last stage's patch grid is {grids[-1]}×{grids[-1]} (image_size {size} over patch_size {p}, halved "
+        f"{len(grids) - 1} times rounding up), smaller than window_size {w}: transformers shrinks the window "
+        f"to the grid but keeps the relative-position bias of a {w}×{w} window, which then does not fit; use "
+        f"window_size ≤ {grids[-1]}, image_size ≥ {least}, or fewer stages",
+    )
+
+
+def _resnet_problem(c: Mapping[str, Any], _size: int) -> Problem | None:
+    """A bottleneck layer narrows to ``hidden_sizes[i] // 4`` channels: each must be at
+    least 4."""
+    if c["layer_type"] != "bottleneck" or min(c["hidden_sizes"]) >= 4:
+        return None
+    return (
+        "hidden_sizes",
+        list(c["hidden_sizes"]),
+        "a bottleneck layer narrows to hidden_sizes[i] // 4 channels, so each must be at least 4 "
+        "(or use layer_type basic)",
+    )
+
+
+_SHAPE_RULES: dict[str, Callable[[Mapping[str, Any], int], Problem | None]] = {
+    "llama": _rotary_problem,
+    "mistral": _rotary_problem,
+    "qwen2": _rotary_problem,
+    "resnet": _resnet_problem,
+    "convnext": _convnext_problem,
+    "vit": _vit_problem,
+    "swin": _swin_problem,
+}
+
+
+def hf_shape_problem(architecture: str, config: Mapping[str, Any], input_size: int) -> Problem | None:
+    """Why an ``hf`` config cannot run at all (its shapes do not fit together), or None.
+
+    Exact for the catalog's architectures as transformers builds them: each rule is the
+    failure a forward would meet (``tests/ckptlab/spec/test_hf_shapes.py`` runs each
+    rule's boundary, which passes and runs, and the config just past it, which fails the
+    rule and fails to run). GPT-2 has none.
+
+    Args:
+        architecture: a key of :data:`ckptlab.spec.hf_catalog.HF_ARCHITECTURES`.
+        config: every config field of the architecture (``HFModelSpec.config_values``).
+        input_size: ``seq_len`` (tokens) or ``image_size`` (pixels).
+
+    Returns:
+        ``(field, value, message)``: the field to change, its value and why, or None.
+    """
+    rule = _SHAPE_RULES.get(architecture)
+    return rule(config, input_size) if rule else None
+
+
+def hf_batch_problem(architecture: str, config: Mapping[str, Any], input_size: int, batch_size: int) -> str | None:
+    """Why ``batch_size`` cannot train an ``hf`` config, or None: a ResNet's BatchNorm in
+    training mode needs more than one value per channel, so ``batch_size × side²`` of the
+    last stage's map (:func:`resnet_layers`) must be at least 2."""
+    if architecture != "resnet":
+        return None
+    side = resnet_layers(config, input_size)[1][-1][1]
+    if batch_size * side * side >= 2:
+        return None
+    return (
+        f"the last stage's map is {side}×{side} at image_size {input_size}, so with batch_size {batch_size} its "
+        "BatchNorm layers see one value per channel, which training cannot normalise; use batch_size ≥ 2 or a "
+        "larger image_size"
+    )

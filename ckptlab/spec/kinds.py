@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from ckptlab.settings import Settings
 
 __all__ = [
+    "ActivationFloor",
     "ModelKind",
     "MODEL_KIND_TABLE",
     "model_spec_type",
@@ -90,6 +91,35 @@ _BOUNDS = {
 
 
 @dataclass(frozen=True)
+class ActivationFloor:
+    """Bytes per sample that one training step of a model holds whatever is checkpointed
+    (pure arithmetic from the model's fields: a lower bound, not a prediction). A model
+    kind's ``activation_floor(model, element_bytes)`` answers it; ``element_bytes`` is the
+    size of an activation element (4 in float32, 2 under autocast, so the bound holds
+    either way). :func:`ckptlab.spec.limits.estimate_activation_bytes` combines it with
+    the spec's batch and strategy.
+
+    Attributes:
+        batch: the batch (inputs and targets), alive from the forward to the end of backward.
+        blocks: each block's input, in order: a block that runs without checkpointing keeps
+            (at least) its input for backward, a checkpointed group keeps its first block's
+            input, and a group recomputed during backward holds every one of its blocks'
+            inputs again. 0 where the input is the batch itself.
+        kept: what the stem, the head and the loss keep at the loss's backward beside the
+            batch and the blocks' inputs (no strategy checkpoints them): tensors their layers
+            saved, the output the step holds, and for a cross-entropy loss the float32
+            log-probabilities with their incoming gradient.
+        fields: the model's fields to lower for a lower floor (a refusal names them beside
+            ``batch_size``, which every term grows with).
+    """
+
+    batch: int
+    blocks: tuple[int, ...]
+    kept: int
+    fields: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class ModelKind:
     """One model kind.
 
@@ -112,6 +142,10 @@ class ModelKind:
         uncounted: why ``count_parameters`` is None (``GET /api/meta`` serves it: the kind's
             parameter limit is not checked). Required when ``count_parameters`` is None.
         check: the server-side admission check (:data:`Check`), or None.
+        activation_floor: ``activation_floor(model, element_bytes) -> ActivationFloor``,
+            what a training step holds per sample whatever is checkpointed (pure arithmetic,
+            a lower bound), for the server's activation limit; None where the API cannot
+            know the model's shapes (``custom``, ``python``, ``torchvision``: no limit).
         default: the kind of a ``model`` that gives no ``kind`` (one entry at most).
         note: a sentence the form shows under the kind's fields.
         option_text: the form's text of an ``enum`` field's values, ``{field: {value: text}}``.
@@ -132,6 +166,7 @@ class ModelKind:
     count_parameters: Callable[[Any], int] | None = None
     uncounted: str = ""
     check: Check | None = None
+    activation_floor: Callable[[Any, int], ActivationFloor] | None = None
     default: bool = False
     note: str = ""
     option_text: Mapping[str, Mapping[str, str]] = field(default_factory=dict)

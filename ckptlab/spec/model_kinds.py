@@ -1,6 +1,6 @@
 """The built-in entries of the model-kind table (:mod:`ckptlab.spec.kinds`): the eight kinds,
-each with its spec class, form text, label, builder, parameter counter, admission check and
-starting values. Nothing else spells a model kind's name.
+each with its spec class, form text, label, builder, parameter counter, activation floor,
+admission check and starting values. Nothing else spells a model kind's name.
 
 The parameter counters are exact for the models ``ckptlab.worker.models`` builds
 (``tests/backend/api/test_hardening.py`` and ``tests/ckptlab/spec/test_hf_params.py`` check them
@@ -8,6 +8,12 @@ against the built modules), so the API bounds a request's parameters and fixed m
 importing torch. ``custom``, ``python`` and ``torchvision`` have none: the API never loads
 their code (torchvision does not import beside the CPU torch, so its counts cannot be checked
 here); their entries say so (``uncounted``) and ``GET /api/meta`` serves it.
+
+The activation floors (:class:`ckptlab.spec.kinds.ActivationFloor`) count, per sample, the
+tensors the built models keep for backward that no checkpointing strategy removes (after
+the modules of ``ckptlab.worker.models.builtin`` and ``hf_models``);
+``tests/ckptlab/spec/test_activation_floor.py`` checks that the bounds built from them stay
+under the peaks the engine measures. These kinds have none either.
 """
 
 from __future__ import annotations
@@ -17,8 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 from ckptlab.spec.hf_catalog import HF_ARCHITECTURES
 from ckptlab.spec.hf_model import HFModelSpec
-from ckptlab.spec.hf_params import hf_param_count
-from ckptlab.spec.kinds import ModelKind, register_model_kind
+from ckptlab.spec.hf_params import hf_activation_floor, hf_param_count, logits_bytes
+from ckptlab.spec.kinds import ActivationFloor, ModelKind, register_model_kind
 from ckptlab.spec.models import (
     MODEL_ENTRY_POINT_GROUP,
     CustomModelSpec,
@@ -88,6 +94,75 @@ def _hf(m: HFModelSpec) -> int:
     return hf_param_count(m.architecture, m.config_values, m.input_size)
 
 
+# ----------------------------------------------------------------- activation floors
+# Per sample; ``e``: bytes of an activation element (4; 2 under autocast). The batch is
+# float32 inputs and int64 (8 B) class targets; a classifier's loss keeps its logits (held by
+# the step), the float32 log-probabilities and their incoming gradient.
+_I64 = 8
+
+
+def _mlp_floor(m: MLPSpec, e: int) -> ActivationFloor:
+    """MLP: each block's Linear keeps its ``width`` input (the first block's is the batch
+    itself without a stem); the head's Linear keeps the last block's output."""
+    w = m.width * e
+    return ActivationFloor(
+        batch=m.width * 4 + _I64,
+        blocks=(w if m.stem else 0,) + (w,) * (m.depth - 1),
+        kept=w + logits_bytes(N_CLASSES, e),
+        fields=("width", "depth"),
+    )
+
+
+def _resnet_floor(m: ResNetSpec, e: int) -> ActivationFloor:
+    """ResNet generator: input and target images (float32); each block's first convolution
+    keeps its ``4c × (s/4)²`` input; the stem keeps its three BatchNorms' inputs and two
+    ReLUs' outputs (``c·s²`` twice, ``2c·(s/2)²`` twice, ``4c·(s/4)²``), the head its first
+    transposed convolution's input (the last block's output), two BatchNorm inputs and two
+    ReLU outputs (``2c·(s/2)²`` twice, ``c·s²`` twice) and the tanh output (``3·s²``)."""
+    c, s = m.channels, m.image_size
+    full, half, quarter = s * s, (s // 2) ** 2, (s // 4) ** 2
+    stem = 2 * c * full + 2 * 2 * c * half + 4 * c * quarter
+    head = 4 * c * quarter + 2 * 2 * c * half + 2 * c * full + 3 * full
+    return ActivationFloor(
+        batch=2 * 3 * full * 4,
+        blocks=(4 * c * quarter * e,) * m.depth,
+        kept=(stem + head) * e,
+        fields=("image_size", "channels", "depth"),
+    )
+
+
+def _transformer_floor(m: TransformerSpec, e: int) -> ActivationFloor:
+    """GPT blocks: int64 tokens and targets; each block's first LayerNorm keeps its
+    ``seq_len × d_model`` input; the head's LayerNorm and Linear keep theirs; the loss keeps
+    the logits (``seq_len × vocab_size``, held by the step), the float32 log-probabilities
+    and their gradient."""
+    t, v = m.seq_len, m.vocab_size
+    hidden = t * m.d_model * e
+    return ActivationFloor(
+        batch=2 * t * _I64,
+        blocks=(hidden,) * m.depth,
+        kept=2 * hidden + t * logits_bytes(v, e),
+        fields=("seq_len", "vocab_size", "d_model", "depth"),
+    )
+
+
+def _densenet_floor(m: DenseNetSpec, e: int) -> ActivationFloor:
+    """Dense block: layer ``i``'s first BatchNorm keeps its ``(2k + i·k) × s²`` input; the
+    head's BatchNorm keeps the last concatenation and its ReLU the same size again."""
+    k, area = m.growth_rate, m.image_size**2
+    out = (2 * k + m.depth * k) * area * e
+    return ActivationFloor(
+        batch=3 * area * 4 + _I64,
+        blocks=tuple((2 * k + i * k) * area * e for i in range(m.depth)),
+        kept=2 * out + logits_bytes(N_CLASSES, e),
+        fields=("image_size", "growth_rate", "depth"),
+    )
+
+
+def _hf_floor(m: HFModelSpec, e: int) -> ActivationFloor:
+    return hf_activation_floor(m.architecture, m.config_values, m.input_size, e)
+
+
 # ----------------------------------------------------------------- admission checks
 
 
@@ -144,6 +219,7 @@ register_model_kind(
         label="{kind} {depth}×{width}",
         builder=f"{_BUILTIN}:build_mlp",
         count_parameters=_mlp,
+        activation_floor=_mlp_floor,
         example={"depth": 8, "width": 256, **_DROPOUT0, "stem": True},
         rank=0,
         default=True,
@@ -157,6 +233,7 @@ register_model_kind(
         label="{kind} {depth} blocks, {channels} ch, {image_size}px",
         builder=f"{_BUILTIN}:build_resnet",
         count_parameters=_resnet,
+        activation_floor=_resnet_floor,
         example={"depth": 9, "channels": 16, "image_size": 64, **_DROPOUT0},
         rank=10,
     )
@@ -169,6 +246,7 @@ register_model_kind(
         label="{kind} {depth}×{d_model}, seq {seq_len}",
         builder=f"{_BUILTIN}:build_transformer",
         count_parameters=_transformer,
+        activation_floor=_transformer_floor,
         example={"depth": 6, "d_model": 256, "heads": 4, "seq_len": 256, "vocab_size": 1000, **_DROPOUT0},
         rank=20,
     )
@@ -181,6 +259,7 @@ register_model_kind(
         label="{kind} {depth}, k={growth_rate}, {image_size}px",
         builder=f"{_BUILTIN}:build_densenet",
         count_parameters=_densenet,
+        activation_floor=_densenet_floor,
         example={"depth": 12, "growth_rate": 12, "bn_size": 4, "image_size": 32, **_DROPOUT0},
         rank=30,
     )
@@ -193,6 +272,7 @@ register_model_kind(
         label="{kind} {architecture}[ {num_hidden_layers} layers][, seq {seq_len}][, {image_size}px]",
         builder="ckptlab.worker.models.hf_models:build_hf",
         count_parameters=_hf,
+        activation_floor=_hf_floor,
         example={"architecture": _FIRST_HF, **HF_ARCHITECTURES[_FIRST_HF].public()["example"]},
         rank=40,
         note="Built from its config with random weights; nothing is downloaded. Starts from a small example; "

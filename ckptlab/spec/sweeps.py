@@ -35,6 +35,7 @@ __all__ = [
     "PlannedRun",
     "SweepPlan",
     "unknown_axis_error",
+    "axis_paths",
     "axis_value",
     "set_path",
     "is_checkpoint_axis",
@@ -216,49 +217,47 @@ def _model_kinds(base: Mapping[str, Any], axes: Mapping[str, Sequence[Any]]) -> 
     return {kind} if kind in every else every
 
 
-def unknown_axis_error(path: str, *, kinds: Iterable[str] | None = None) -> str | None:
-    """Why ``path`` names no field of :class:`ExperimentSpec`, or None when it does.
-
-    Args:
-        path: dotted spec path, e.g. ``checkpoint.segments`` or ``model.depth``.
-        kinds: model kinds whose fields count under ``model.`` (default: every registered kind).
-
-    Returns:
-        An error message naming the first unknown part, or None.
-    """
+def axis_paths(kinds: Iterable[str] | None = None) -> tuple[list[str], list[str]]:
+    """The dotted paths a sweep axis may name (every field of :class:`ExperimentSpec` and
+    below; under ``model.`` the fields and ``extra_fields`` of ``kinds``, default every
+    registered kind), and the free-form ones among them, below which any key is a path
+    (``model.options``). :func:`unknown_axis_error` checks an axis against them; the API's
+    schema lists them as the axes' names."""
     kinds = set(model_kind_names()) if kinds is None else set(kinds)
-    classes: list[type[BaseModel]] = [ExperimentSpec]
+    paths, free = _fields_below([ExperimentSpec], "", kinds)
+    extra = {f"model.{f}" for k in kinds & MODEL_KIND_TABLE.keys() for f in MODEL_KIND_TABLE[k].extra_fields}
+    return paths + sorted(extra - set(paths)), free
+
+
+def _fields_below(classes: list[type[BaseModel]], prefix: str, kinds: set[str]) -> tuple[list[str], list[str]]:
+    """:func:`axis_paths` below ``prefix``: the fields of ``classes`` and theirs."""
+    groups: dict[str, list[Any]] = {}
+    for name, f in ((n, f) for c in classes for n, f in c.model_fields.items()):
+        groups.setdefault(prefix + name, []).append(f)
+    paths, free = list(groups), []
+    for here, fields in groups.items():
+        nested = _of_kinds(kinds) if here == "model" else _models_below(fields)
+        below = ([], [here]) if nested is None else _fields_below(nested, here + ".", kinds)
+        paths, free = paths + below[0], free + below[1]
+    return paths, free
+
+
+def unknown_axis_error(path: str, *, kinds: Iterable[str] | None = None) -> str | None:
+    """Why ``path`` names no field of :class:`ExperimentSpec` (a message naming its first
+    unknown part), or None when it does: it is one of :func:`axis_paths` for ``kinds``
+    (default: every registered kind) or lies below a free-form one (any key below options
+    is the factory's business)."""
+    kinds = set(model_kind_names()) if kinds is None else set(kinds)
+    paths, free = axis_paths(kinds)
     parts = path.split(".")
-    for i, part in enumerate(parts):
+    for i in range(len(parts)):
         here = ".".join(parts[: i + 1])
-        fields = [c.model_fields[part] for c in classes if part in c.model_fields]
-        if not fields:
-            return None if _is_extra_model_field(parts, i, kinds) else _unknown_field(here, parts, i, kinds)
-        if i == len(parts) - 1:
+        if here in free:
             return None
-        nested = _models_below(fields)
-        if nested is None:
-            return None  # free-form options: any key below is the factory's business
-        if here == "model":
-            nested = _of_kinds(kinds)
-        if not nested:
-            return f"spec field {here!r} has no fields below it"
-        classes = nested
+        if here not in paths:
+            suffix = f" for model kind {', '.join(sorted(kinds))}" if i and parts[0] == "model" else ""
+            return f"unknown spec field {here!r}{suffix}"
     return None
-
-
-def _is_extra_model_field(parts: list[str], i: int, kinds: Iterable[str]) -> bool:
-    """Whether ``parts[i]`` is a ``model.<field>`` that a kind in ``kinds`` takes beyond its class's
-    fields (the table's ``extra_fields``: hf config fields, checked per architecture)."""
-    if not (i == 1 and parts[0] == "model" and len(parts) == 2):
-        return False
-    return any(parts[1] in MODEL_KIND_TABLE[k].extra_fields for k in kinds if k in MODEL_KIND_TABLE)
-
-
-def _unknown_field(here: str, parts: list[str], i: int, kinds: Iterable[str]) -> str:
-    """The message for an unknown spec field ``here`` (``parts[i]`` is its last part)."""
-    suffix = f" for model kind {', '.join(sorted(kinds))}" if i and parts[0] == "model" else ""
-    return f"unknown spec field {here!r}{suffix}"
 
 
 def _models_below(fields: list[Any]) -> list[type[BaseModel]] | None:

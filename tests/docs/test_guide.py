@@ -31,13 +31,27 @@ def guide_env(tmp_path):
     }
 
 
+def run_block(script: str, cwd: Path, env: dict[str, str]) -> str:
+    """Run one guide block with ``bash -e`` in ``cwd``; its stdout (fails the test when the
+    block fails or prints a traceback)."""
+    result = subprocess.run(["bash", "-e", "-c", script], cwd=cwd, env=env, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, f"block failed:\n{script}\n--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}"
+    assert "Traceback" not in result.stderr
+    return result.stdout
+
+
 @pytest.mark.parametrize("index", range(len(runnable_blocks())))
 def test_guide_block_runs(index, tmp_path, guide_env):
-    script = runnable_blocks()[index]
-    result = subprocess.run(
-        ["bash", "-e", "-c", script], cwd=tmp_path, env=guide_env, capture_output=True, text=True, timeout=240
-    )
-    assert result.returncode == 0, (
-        f"block {index} failed:\n{script}\n--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}"
-    )
-    assert "Traceback" not in result.stderr
+    run_block(runnable_blocks()[index], tmp_path, guide_env)
+
+
+def test_the_accumulation_pitfalls_are_stated_as_measured(tmp_path, guide_env):
+    """Issue 32: a running ``iter_loss += loss`` leaves live memory flat and fires nothing;
+    outputs kept in a list climb by one output a step and fire ``memory_grows_per_step``.
+    The guide says so, and its block measures both (in-process, ``ckptlab.profile``)."""
+    text = GUIDE.read_text()
+    assert "live memory\n  stays **flat**" in text and "**+640 B per step**" in text
+    (block,) = [b for b in runnable_blocks() if "iter_loss += loss" in b and "outputs.append(out)" in b]
+    lines = run_block(block, tmp_path, guide_env).splitlines()
+    assert "iter_loss += loss: +0 B per step, 3 memory steps, []" in lines
+    assert "outputs in a list: +640 B per step, 6 memory steps, ['memory_grows_per_step']" in lines

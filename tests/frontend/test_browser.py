@@ -262,18 +262,20 @@ def test_run_experiment_and_watch_it(app_url: str, tab: Tab) -> None:
     exp_id = submit_and_finish(page)
     assert any(f"/api/experiments/{exp_id}/events" in u for u in tab.requested), "no event stream was opened"
 
-    # One chart point per step as stored: memory for the 6 memory steps, time for all 10
-    # (the 4 timed steps after them carry no memory reading).
+    # One chart point per step as stored: memory for the 6 memory steps, time for all 10 on
+    # two panels (issue 32): the 6 memory steps, then the 4 timed steps (no memory reading).
     assert page.evaluate("document.getElementById('chart-memory').data[0].x.length") == 6
-    assert _trace_names(page, "chart-time")[:3] == ["forward", "backward", "optimizer"]
-    assert page.evaluate("document.getElementById('chart-time').data[0].x.length") == 10
+    assert _trace_names(page, "chart-time") == ["forward", "backward", "optimizer", "step"] * 2
+    time_x = page.evaluate("document.getElementById('chart-time').data.map((t) => [t.xaxis, t.x.length])")
+    assert time_x == [["x", 6]] * 4 + [["x2", 4]] * 4
     code, steps = _get_json(f"{app_url}/api/experiments/{exp_id}/steps")
     assert code == 200 and steps["count"] == 10
     assert [s["step"] for s in steps["data"]] == list(range(1, 11))
     assert [s["extra"]["pass"] for s in steps["data"]] == ["memory"] * 6 + ["timed"] * 4
     # Each step axis spans the steps its chart draws: memory ends with the memory pass (issue 23).
     assert page.evaluate("document.getElementById('chart-memory').layout.xaxis.range[1]") == 6.5
-    assert page.evaluate("document.getElementById('chart-time').layout.xaxis.range[1]") == 10.5
+    assert page.evaluate("document.getElementById('chart-time').layout.xaxis.range[1]") == 6.5
+    assert page.evaluate("document.getElementById('chart-time').layout.xaxis2.range") == [6.5, 10.5]
     assert_charts_clear(page, ["chart-memory", "chart-time"], screenshot="experiment")
 
     expect(page.locator("#exp-summary")).to_contain_text("Activation memory")

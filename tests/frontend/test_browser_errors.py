@@ -178,6 +178,20 @@ def test_the_spec_panel_leaves_out_fields_the_model_does_not_set(app_url: str, t
     tab.assert_no_errors()
 
 
+def test_the_spec_panel_shows_the_timed_steps_and_no_unset_field_of_the_rest(app_url: str, tab: Tab) -> None:
+    """Issue 32: past the model's fields, the spec's unset ones (no memory limit, no timeout,
+    no mixed precision) are left out, never "null"; both passes' steps show."""
+    page = tab.page
+    created = _submit(page, app_url, spec_dict(steps=3, timed_steps=4, **{"checkpoint.strategy": "sequential"}))
+    assert created["spec"]["memory_limit_bytes"] is None and created["spec"]["timeout_s"] is None
+    page.goto(f"{app_url}/#/experiments/{created['id']}")
+    spec = page.locator("#exp-spec")
+    expect(spec).to_contain_text("3 memory (1 warm-up), then 4 timed")
+    assert "null" not in spec.text_content() and "?" not in spec.text_content()
+    _request(f"{app_url}/api/experiments/{created['id']}/cancel", {})
+    tab.assert_no_errors()
+
+
 def test_the_saving_shows_from_the_reference_forward_without_a_baseline_run(app_url: str, tab: Tab) -> None:
     page = tab.page
     transformer = {"kind": "transformer", "depth": 2, "d_model": 32, "heads": 2, "seq_len": 16, "vocab_size": 100}

@@ -1,6 +1,6 @@
-"""Progress in the browser (issue 23): a queued run's place in the queue, a running run's
-"step k of N" and its estimate. (A sweep's estimate is checked in the sweep test of
-test_browser.py.)"""
+"""Progress in the browser (issues 23, 32): a queued run's place in the queue, a running run's
+pass, "step k of N", its estimate and a bar of the steps done of its fixed total. (A sweep's
+estimate is checked in the sweep test of test_browser.py.)"""
 
 from __future__ import annotations
 
@@ -51,12 +51,20 @@ def test_a_queued_run_shows_its_place_and_a_running_one_its_step_of_the_total_an
         page.goto(f"{url}/#/experiments/{ids[1]}")
         expect(page.locator("#exp-progress")).to_have_text("· position 1 in the queue", timeout=RUN_TIMEOUT_MS)
         expect(page.locator("#summary-pending")).to_contain_text("position 1 in the queue")
+        expect(page.locator("#exp-progress-row")).to_be_hidden()  # no bar while queued
 
         page.goto(f"{url}/#/experiments/{ids[0]}")
         expect(page.locator("#exp-status")).to_have_text("running", timeout=RUN_TIMEOUT_MS)
         progress = page.locator("#exp-progress")
-        expect(progress).to_have_text(re.compile(r"· step \d+ of 100000, about .+ left"), timeout=RUN_TIMEOUT_MS)
+        # No timed steps: the memory pass is all there is, estimated from its steps past the warm-up.
+        expect(progress).to_have_text(re.compile(r"· memory step \d+ of 100000, about .+ left"), timeout=RUN_TIMEOUT_MS)
         first = int(re.search(r"step (\d+)", progress.inner_text()).group(1))
+        # The bar (the sweep page's styles): the steps done of the fixed total.
+        bar = page.locator("#exp-progress-bar")
+        expect(page.locator("#exp-progress-row")).to_be_visible()
+        expect(bar).to_have_attribute("aria-valuemax", "100000")
+        expect(page.locator("#exp-progress-count")).to_have_text(re.compile(r"^\d+ of 100000$"))
+        assert int(bar.get_attribute("aria-valuenow")) >= 1
         page.wait_for_function(
             f"(+(document.getElementById('exp-progress').textContent.match(/step (\\d+)/) || [0, 0])[1]) > {first}",
             timeout=RUN_TIMEOUT_MS,
@@ -66,6 +74,7 @@ def test_a_queued_run_shows_its_place_and_a_running_one_its_step_of_the_total_an
             assert _request(f"{url}/api/experiments/{i}/cancel", {})[0] == 200
         expect(page.locator("#exp-status")).to_have_text("cancelled", timeout=30_000)
         expect(progress).to_be_hidden()
+        expect(page.locator("#exp-progress-row")).to_be_hidden()
         tab.assert_no_errors()
     finally:
         _stop(backend)

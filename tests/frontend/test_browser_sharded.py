@@ -120,11 +120,17 @@ def test_world_size_shows_for_several_ranks_only_and_its_422_lands_next_to_it(ap
     expect(mixed).to_be_hidden()
     expect(page.locator("#distributed\\.reshard_after_forward")).to_be_hidden()
     page.wait_for_function("JSON.parse(document.getElementById('request-preview').textContent).distributed")
-    assert _preview(page)["distributed"] == {"kind": "ddp", "world_size": 2}
+    assert _preview(page)["distributed"] == {"kind": "ddp", "world_size": 2, "find_unused_parameters": False}
+    page.check("#distributed\\.find_unused_parameters")  # the seed pitfall's switch (pytorch#24005)
+    page.wait_for_function(
+        "JSON.parse(document.getElementById('request-preview').textContent).distributed.find_unused_parameters"
+    )
+    page.uncheck("#distributed\\.find_unused_parameters")
 
     # FSDP2: its knobs, and the dtypes once mixed precision is on.
     page.select_option("#distributed\\.kind", "fsdp2")
     expect(shard_unit).to_be_visible()
+    expect(page.locator("#distributed\\.find_unused_parameters")).to_be_hidden()
     expect(page.locator("#distributed\\.reshard_after_forward")).to_be_checked()
     expect(param_dtype).to_be_hidden()
     page.select_option("#distributed\\.mixed_precision", "on")
@@ -262,4 +268,31 @@ def test_a_stored_sharded_summary_shows_its_ranks_and_a_run_of_one_process_none(
     expect(page.locator("#exp-ranks")).to_be_hidden()
     expect(page.locator("#exp-distributed")).to_have_count(0)
     expect(page.locator("#exp-spec")).not_to_contain_text("per rank")
+    tab.assert_no_errors()
+
+
+def test_a_sweep_over_world_size_draws_memory_per_rank_and_others_hide_that_chart(app: App, tab: Tab) -> None:
+    from tests.factories import spec_dict
+    from tests.frontend.seed import MIB, insert_finished_sweep
+
+    def figures(spec) -> tuple[int, int, float, dict]:
+        world = spec.distributed.world_size
+        act = (8 if spec.checkpoint.strategy == "none" else 2) * MIB
+        return 64 * MIB // world + act, act, 100.0, {}
+
+    base = spec_dict(**{"checkpoint.strategy": "per_block"}, distributed={"kind": "fsdp2", "world_size": 2})
+    sharded, _ = insert_finished_sweep(app.data_dir, "ranks", base, {"distributed.world_size": [2, 4, 8]}, figures)
+    plain, _ = insert_finished_sweep(app.data_dir, "amp", spec_dict(), {"amp": ["off", "bf16"]}, figures)
+    page = tab.page
+    page.goto(f"{app.url}/#/sweeps/{sharded}")
+    page.wait_for_function("(document.getElementById('sweep-chart-ranks').data || []).length === 4")
+    traces = page.evaluate(
+        "document.getElementById('sweep-chart-ranks').data.map((t) => [t.name, t.x, t.y])"
+    )  # drawn in MiB
+    assert ["peak per_block", [2, 4, 8], [34, 18, 10]] in traces and ["peak none", [2, 4, 8], [40, 24, 16]] in traces
+    expect(page.locator("#sweep-chart-ranks-title")).to_contain_text("Memory per rank against world size")
+    assert page.evaluate("document.getElementById('sweep-chart-ranks').layout.yaxis.title.text").endswith("(MiB)")
+    page.goto(f"{app.url}/#/sweeps/{plain}")
+    page.wait_for_function("(document.getElementById('sweep-chart-pareto').data || []).length > 0")
+    expect(page.locator("#sweep-chart-ranks")).to_be_hidden()
     tab.assert_no_errors()

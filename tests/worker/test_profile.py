@@ -14,7 +14,7 @@ from torch import nn
 
 import ckptlab
 from ckptlab.backend.app import create_app
-from ckptlab.db import queue, store
+from ckptlab.db import events, queue, store
 from ckptlab.db.database import make_engine, make_sessionmaker
 from ckptlab.db.models import Step, Worker
 from ckptlab.settings import Settings, get_settings
@@ -237,3 +237,44 @@ def test_a_run_interrupted_in_the_callers_process_is_recorded_and_the_interrupt_
         (row,), _total = store.list_experiments(s)
         assert row.status == "cancelled" and "interrupted in the process running ckptlab.profile" in row.error
         assert s.get(Worker, in_process_worker_id()).stopped_at is not None
+
+
+def test_cancel_stops_a_profile_run_between_steps_and_its_history_says_so(fresh_settings, database_url):
+    """``POST /cancel`` sets the flag; the run in the caller's process sees it between two
+    steps and ends ``cancelled`` within a second or so, its steps so far kept (issue 33: it
+    used to run on for minutes and end ``succeeded``)."""
+    fresh_settings.setattr(_SlowBlock, "delay_s", 0.02)
+    asked: list[float] = []
+
+    def cancel_after_the_first_steps() -> None:
+        def running():
+            with _session(database_url) as s:
+                rows = s.query(Step).all()
+                return rows[0].experiment_id if len(rows) >= 3 else None
+
+        exp_id = wait_for(running, timeout=120, interval=0.05)
+        with _session(database_url) as s:
+            queue.request_cancel(s, experiment_id=exp_id)
+        asked.append(time.monotonic())
+
+    import threading
+
+    canceller = threading.Thread(target=cancel_after_the_first_steps)
+    canceller.start()
+    summary = ckptlab.profile(
+        _Net(depth=4, block=_SlowBlock),
+        torch.randn(4, 8),
+        strategy="per_block",
+        steps=500,
+        timed_steps=500,
+        database_url=database_url,
+    )
+    ended = time.monotonic()
+    canceller.join()
+    assert summary.status == "cancelled" and summary.error.startswith("cancelled while running")
+    assert ended - asked[0] < 5  # a step or two after the flag, not the 1,000 steps asked for
+    with _session(database_url) as s:
+        steps = s.query(Step).filter_by(experiment_id=summary.experiment_id).count()
+        history = [(e.status, e.reason) for e in events.history(s, experiment_id=summary.experiment_id)]
+    assert 3 <= steps < 1000
+    assert history[-1][0] == "cancelled" and history[-1][1].startswith("cancelled while running")

@@ -1,5 +1,5 @@
-"""``ckptlab run``'s progress bar (worker/progress_bar.py): step k of N and an estimate, read
-from the steps the run has stored (issue 23)."""
+"""``ckptlab run``'s progress bar (worker/progress_bar.py): how far along its fixed total, the
+pass's step and an estimate, read from the steps the run has stored (issues 23, 32)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import io
 
 from rich.console import Console
 
-from ckptlab.analysis.progress import STEPS_PLANNED
+from ckptlab.analysis.progress import PASS_STEP_MS, STEPS_PLANNED
 from ckptlab.db import store
 from ckptlab.db.database import make_engine, make_sessionmaker
 from ckptlab.worker.progress_bar import RunProgressBar
@@ -25,12 +25,13 @@ def test_the_bar_shows_the_stored_steps_of_the_planned_total_and_what_is_left(da
     try:
         with bar:
             assert bar.poll().step is None  # nothing stored yet: the model is being built
-            add_steps(db_session, exp, [1, 2, 3], extra={STEPS_PLANNED: 25})
-            add_steps(db_session, exp, [4], extra={STEPS_PLANNED: 23})
+            add_steps(db_session, exp, [1, 2, 3], extra={"pass": "memory", STEPS_PLANNED: 25})
+            add_steps(db_session, exp, [4], extra={"pass": "timed", STEPS_PLANNED: 23, PASS_STEP_MS: 1000.0})
             shown = bar.poll()
             bar.progress.refresh()
-        assert (shown.step, shown.total_steps) == (4, 23)
-        assert shown.eta_s is not None and shown.eta_s > 0
-        assert "4/23" in out.getvalue() and "left" in out.getvalue()
+        # The memory pass stopped at 3 of 5: its 2 skipped steps count as done, N stays 25.
+        assert (shown.step, shown.done_steps, shown.total_steps) == (4, 6, 25)
+        assert shown.eta_s == 19.0
+        assert "6/25" in out.getvalue() and "timed step 1 of 20, about 19 s left" in out.getvalue()
     finally:
         engine.dispose()

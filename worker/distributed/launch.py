@@ -7,9 +7,11 @@ gloo over a rendezvous file: ``init_device_mesh("cpu", ...)`` (pytorch/pytorch#1
 4-rank run works on a 2-core host, oversubscribed (each rank gets ``cpu_count // world_size``
 threads, at least one) and slower. Rank 0 streams its steps; each rank sends its summary
 when done. A rank that fails ends the run with its error ("rank k: ..."); one that exits
-without answering (killed, crashed) ends it with "rank k exited (signal 9)"; either way every
-other rank is stopped. Each rank dies with the process that started it (Linux
-``PR_SET_PDEATHSIG``), so a killed run leaves no rank behind.
+without answering (killed, crashed) ends it with "rank k exited (signal 9)"
+(:class:`ckptlab.worker.errors.RankLost`: the worker requeues such a run like a lost
+worker's while attempts are left); either way every other rank is stopped. Each rank dies
+with the process that started it (Linux ``PR_SET_PDEATHSIG``), so a killed run leaves no
+rank behind.
 
 Example usage::
 
@@ -39,6 +41,7 @@ import json
 import os
 import selectors
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -49,7 +52,7 @@ from typing import Any
 from ckptlab.spec.experiment import ExperimentSpec
 from ckptlab.summary import RankFigures, RunSummary
 from ckptlab.worker.engine.training import resolve_device
-from ckptlab.worker.errors import RunError, RunOutOfMemory
+from ckptlab.worker.errors import RankLost, RunError, RunOutOfMemory
 
 __all__ = ["run_distributed", "combine", "RANK_MODULE"]
 
@@ -81,6 +84,7 @@ def run_distributed(
 
     Raises:
         RunOutOfMemory: a rank ran out of memory ("rank k: ...").
+        RankLost: a rank exited on a signal without a summary.
         RunError: a rank failed or exited without answering; CUDA was asked for.
     """
     world = spec.distributed.world_size
@@ -140,7 +144,8 @@ def _collect(ranks: list[subprocess.Popen], pipes: list[int], on_step) -> dict[i
             _raise_dead(ranks, done)
             for r, proc in enumerate(ranks):
                 if r not in done and proc.poll() is not None and pipes[r] not in sel.get_map():
-                    raise RunError(f"rank {r} exited ({_exit_text(proc.returncode)}) without a summary")
+                    cls = RankLost if -proc.returncode in _LOST_SIGNALS else RunError
+                    raise cls(f"rank {r} exited ({_exit_text(proc.returncode)}) without a summary")
     return done
 
 
@@ -170,10 +175,17 @@ def _raise_dead(ranks: list[subprocess.Popen], done: dict[int, RunSummary], wait
     while True:
         for r, proc in enumerate(ranks):
             if r not in done and proc.poll() is not None and proc.returncode < 0:
-                raise RunError(f"rank {r} exited ({_exit_text(proc.returncode)}) without a summary")
+                cls = RankLost if -proc.returncode in _LOST_SIGNALS else RunError
+                raise cls(f"rank {r} exited ({_exit_text(proc.returncode)}) without a summary")
         if time.monotonic() >= deadline:
             return
         time.sleep(0.05)
+
+
+#: Signals that end a rank from outside (``kill -9``, the kernel's OOM killer, a host
+#: shutting down): the run is lost, not failed (:class:`ckptlab.worker.errors.RankLost`). A
+#: crash of the rank's own (SIGSEGV, SIGABRT) fails the run.
+_LOST_SIGNALS = (signal.SIGKILL, signal.SIGTERM)
 
 
 def _exit_text(code: int) -> str:
@@ -188,6 +200,8 @@ def combine(summaries: dict[int, RunSummary], spec: ExperimentSpec) -> RunSummar
     out = summaries[0].model_copy(deep=True)
     for field in _MEMORY_FIELDS:
         setattr(out, field, getattr(summaries[worst], field))
+    if out.host_load is not None:  # a rank's CPU share counts its waits in collectives: loads only
+        out.host_load = out.host_load.model_copy(update={"cpu_share": None})
     out.world_size = spec.distributed.world_size
     out.global_batch_size = spec.batch_size * spec.distributed.world_size
     out.worst_rank = worst

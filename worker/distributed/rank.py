@@ -63,10 +63,11 @@ def main(argv: list[str]) -> int:
         _send(out, "summary", summary.dump())
     except RunError as exc:
         details = exc.details if isinstance(exc, RunOutOfMemory) else None
-        _send(out, "error", [str(exc), details, exc.warnings])
+        _send(out, "error", [me.explain(exc, spec.checkpoint.use_reentrant) or str(exc), details, exc.warnings])
     except Exception as exc:  # noqa: BLE001 - the rank's failure is the run's outcome
         traceback.print_exc()  # the whole of it to the run's log (stderr)
-        _send(out, "error", [traceback.format_exception_only(exc)[-1].strip(), None, []])
+        text = me.explain(exc, spec.checkpoint.use_reentrant) or traceback.format_exception_only(exc)[-1].strip()
+        _send(out, "error", [text, None, []])
     finally:
         me.close()
         with contextlib.suppress(Exception):

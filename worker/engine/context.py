@@ -10,7 +10,7 @@ from typing import Any, Protocol
 
 import torch
 
-from ckptlab.analysis.progress import STEPS_PLANNED, steps_planned
+from ckptlab.analysis.progress import PASS_STEP_MS, STEPS_PLANNED, StepTimes, steps_planned
 from ckptlab.domain import MemoryCategory
 from ckptlab.settings import get_settings
 from ckptlab.spec.experiment import ExperimentSpec
@@ -145,6 +145,7 @@ class RunContext:
     def memory_pass(self) -> None:
         """Up to ``spec.steps`` instrumented steps; stops early when memory is flat."""
         spec = self.spec
+        times = StepTimes(skip=spec.warmup_steps)  # the progress estimate's step time
         for step in range(1, spec.steps + 1):
             self.where["step"] = step
             if step == 1 and self.strategy.name == BASELINE:
@@ -156,8 +157,10 @@ class RunContext:
                 self.block_profile = recorder.public()
             else:
                 self.records.append(instrumented_step(self))
-            self.records[-1]["extra"]["pass"] = "memory"
-            self.records[-1]["extra"][STEPS_PLANNED] = steps_planned(spec.steps, spec.timed_steps)
+            extra = self.records[-1]["extra"]
+            extra["pass"] = "memory"
+            extra[STEPS_PLANNED] = steps_planned(spec.steps, spec.timed_steps)
+            _note_step_time(extra, times.add(self.records[-1]["step_ms"]))
             self._emit(self.records[-1])
             if spec.memory_early_stop and memory_is_flat(self.records, spec.warmup_steps):
                 break  # every further step would read the same bytes
@@ -187,6 +190,7 @@ class RunContext:
     def _timed_rounds(self) -> None:
         first = len(self.records) + 1
         base = self._paired_baseline()
+        times = StepTimes()  # a paired step's time is its round's: both steps
         for i, step in enumerate(range(first, first + self.spec.timed_steps)):
             self.where["step"] = step
             if base is not None:
@@ -202,6 +206,8 @@ class RunContext:
             else:
                 self.timed.append(timed_step(self))
             self.timed[-1]["extra"][STEPS_PLANNED] = steps_planned(first - 1, self.spec.timed_steps)
+            round_ms = self.timed[-1]["step_ms"] + (self.paired[-1]["step_ms"] if base is not None else 0.0)
+            _note_step_time(self.timed[-1]["extra"], times.add(round_ms))
             self._emit(self.timed[-1])
 
     def _paired_baseline(self) -> RunContext | None:
@@ -228,3 +234,11 @@ class RunContext:
                 torch.cuda.empty_cache()
             return None
         return base
+
+
+def _note_step_time(extra: dict[str, Any], ms: float | None) -> None:
+    """Put the pass's recent step time (ms) on a step record's ``extra``
+    (:data:`ckptlab.analysis.progress.PASS_STEP_MS`, what progress estimates from), unless
+    there is none yet (the memory pass's warm-up)."""
+    if ms is not None:
+        extra[PASS_STEP_MS] = ms

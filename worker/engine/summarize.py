@@ -6,12 +6,13 @@ for each field's source)."""
 from __future__ import annotations
 
 import math
+import os
 import statistics
 from typing import Any, Protocol
 
 import torch
 
-from ckptlab.analysis.stats import describe
+from ckptlab.analysis.stats import describe, stored_paired_overhead
 from ckptlab.domain import MemoryCategory
 from ckptlab.spec.experiment import ExperimentSpec
 from ckptlab.strategies import BASELINE
@@ -45,7 +46,7 @@ def _median(values: list[float]) -> float | None:
 def summarize(run: SummaryContext) -> RunSummary:
     """The run's summary from its records: memory from the memory pass (warm-up steps left
     out of the medians), time from the timing pass (or the memory steps when there was
-    none), the pairing, compile time and device facts.
+    none), the pairing and its overhead (``paired_overhead``), compile time and device facts.
 
     Raises:
         pydantic.ValidationError: a figure of the wrong type (a bug, never the run's data:
@@ -59,7 +60,9 @@ def summarize(run: SummaryContext) -> RunSummary:
         **_pairing(run),
         **_device(run),
     }
-    return RunSummary.model_validate(finite_or_none(values))
+    summary = RunSummary.model_validate(finite_or_none(values))
+    summary.paired_overhead = stored_paired_overhead(summary)  # once, here: reads serve it
+    return summary
 
 
 def finite_or_none(value: Any) -> Any:
@@ -128,10 +131,26 @@ def _device(run: SummaryContext) -> dict[str, Any]:
         "environment": env,
         "torch_version": torch.__version__,
     }
+    if hasattr(os, "getloadavg"):  # what the step times were taken beside (not on Windows)
+        out["host_load"] = _host_load(run)
     if run.meter.cuda:
         out["reserved_bytes"] = max(r["reserved_bytes"] for r in run.records)
         used = [r["extra"]["nvml_used_bytes"] for r in run.records if r["extra"]["nvml_used_bytes"] is not None]
         out["nvml_used_bytes"] = max(used) if used else None
+    return out
+
+
+def _host_load(run: SummaryContext) -> dict[str, Any]:
+    """The host's load as the timing pass ended (:class:`ckptlab.summary.HostLoad`): the
+    1-minute load average, and on CPU the share of its threads' time the timed steps got
+    (their CPU time over wall time x threads: about 1 on a quiet host, 2/3 for one thread
+    beside two busy loops on 2 cores)."""
+    threads = run.timing_threads if not run.meter.cuda and run.timing_threads else 1
+    out: dict[str, Any] = {"load_1m": os.getloadavg()[0], "cpus": os.cpu_count() or 1, "threads": threads}
+    timed = [r for r in run.timed if "cpu_ms" in (r.get("extra") or {})]
+    wall = sum(r["step_ms"] for r in timed)
+    if timed and wall > 0 and not run.meter.cuda:
+        out["cpu_share"] = sum(r["extra"]["cpu_ms"] for r in timed) / (wall * threads)
     return out
 
 

@@ -7,6 +7,7 @@ an experiment's status, summary, error and warnings are decided in one place.
 
 from __future__ import annotations
 
+import re
 import time
 import traceback
 from dataclasses import dataclass
@@ -15,18 +16,18 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from ckptlab.db.queue import finish_experiment
+from ckptlab.db.queue import finish_experiment, requeue_experiment
 from ckptlab.db.retry import with_retry
 from ckptlab.db.store import get_experiment
 from ckptlab.domain import Status
 from ckptlab.spec.experiment import ExperimentSpec, PythonModelSpec
 from ckptlab.summary import RunSummary
-from ckptlab.worker.errors import RunError, RunOutOfMemory
+from ckptlab.worker.errors import RankLost, RunCancelled, RunError, RunOutOfMemory
 from ckptlab.worker.measure.hostmem import is_out_of_memory, oom_details
 from ckptlab.worker.service.devices import engine_device
 from ckptlab.worker.service.writer import StepWriteError, StepWriter
 
-__all__ = ["Job", "record_run", "error_text", "RECORD_DEADLINE_S"]
+__all__ = ["Job", "record_run", "error_text", "log_text", "RECORD_DEADLINE_S", "ERROR_LIMIT", "LOG_LIMIT"]
 
 #: How long the last steps and the outcome are each retried against a locked or unreachable
 #: database, seconds: twice the default 60 s lease, so a stall the worker's heartbeats
@@ -57,6 +58,14 @@ class Job:
         allowed_model_targets: ``python`` model targets this worker may import (its
             ``allowed_model_targets`` setting); None: any (``ckptlab run``, one's own
             process). A target outside them fails the run before anything is imported.
+        max_attempts: attempts an experiment gets (the ``max_attempts`` setting): an attempt
+            that lost a rank (:class:`ckptlab.worker.errors.RankLost`) before the last is
+            requeued, as the reaper requeues a lost worker's. None: never requeued (``ckptlab
+            run``, one's own process).
+        watch_cancel: stop at the next step once the experiment's cancel flag is set
+            (:class:`ckptlab.worker.errors.RunCancelled`, recorded ``cancelled``): a run in
+            its caller's process, which no slot can kill (``ckptlab run``,
+            ``ckptlab.profile``). Default False (a slot's child: the slot kills it).
         model: a model already built in this process (``ckptlab.profile``), trained instead
             of building ``spec.model`` (:func:`ckptlab.worker.engine.run.run_experiment`); never sent to
             a child (None there). Typed loosely: this module does not import torch.
@@ -71,29 +80,59 @@ class Job:
     spec: ExperimentSpec | None = None
     memory_limit_bytes: int | None = None
     allowed_model_targets: tuple[str, ...] | None = None
+    max_attempts: int | None = None
+    watch_cancel: bool = False
     model: Any = None
 
 
+#: Longest public error, characters (the whole message is in the log).
+ERROR_LIMIT = 2000
+#: Longest log kept, characters: a traceback's last part (its innermost frames and the error).
+LOG_LIMIT = 64_000
+#: A traceback frame's header, as a message may quote one.
+_FRAME = re.compile(r'\s*File "[^"]*", line \d+(, in [^\s,]+)?,?')
+#: An absolute file path (two parts or more; not a URL's), reduced to its last part.
+_PATH = re.compile(r"(?<![\w.:/\\])(?:[A-Za-z]:)?(?:[/\\][^\s/\\'\"(),:;\[\]]+){2,}")
+
+
 def error_text(exc: BaseException) -> str:
-    """``Type: message`` and the last frames of the traceback, as stored in ``error``."""
-    tb = traceback.format_exception(exc)
-    return f"{type(exc).__name__}: {exc}\n\n{''.join(tb[-6:])}"
+    """The public error of a run that raised ``exc``, as stored in ``error``: one line, the
+    exception's type and message, with no traceback frame and no file path (a path keeps
+    its last part: ``conv.py``), at most :data:`ERROR_LIMIT` characters. The traceback is
+    the log's (:func:`log_text`)."""
+    message = _PATH.sub(lambda m: re.split(r"[/\\]", m.group())[-1], _FRAME.sub(" ", str(exc)))
+    message = " ".join(message.split())
+    text = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+    return text if len(text) <= ERROR_LIMIT else text[: ERROR_LIMIT - 1] + "…"
+
+
+def log_text(exc: BaseException) -> str:
+    """The traceback of ``exc`` with its causes, as stored in the run's log (served behind
+    the API token); the last :data:`LOG_LIMIT` characters of a longer one."""
+    text = "".join(traceback.format_exception(exc))
+    return text if len(text) <= LOG_LIMIT else "[… cut]\n" + text[-LOG_LIMIT:]
 
 
 @dataclass
 class _Outcome:
-    """What :func:`record_run` stores: the status, summary, error text and warnings."""
+    """What :func:`record_run` stores: the status, summary, error sentence, warnings and log."""
 
     status: Status = Status.FAILED
     summary: RunSummary | None = None
     error: str | None = None
     warnings: list[str] | None = None
+    #: The host lost a process of the run (:class:`RankLost`): requeue while attempts are left.
+    lost: bool = False
+    #: The traceback of a run that raised (:func:`log_text`), for ``experiments.log``.
+    log: str | None = None
 
 
 def record_run(Session: sessionmaker[Session], job: Job) -> Status:
     """Run ``job`` with batched step writes and record its outcome.
 
-    The outcome is ``succeeded`` (the engine's summary, plus ``warnings``), the status of a
+    An attempt that lost a rank (:class:`ckptlab.worker.errors.RankLost`) goes back to the
+    queue while ``job.max_attempts`` allows another, its event naming the rank and signal.
+    Otherwise the outcome is ``succeeded`` (the engine's summary, plus ``warnings``), the status of a
     :class:`ckptlab.worker.errors.RunError` (``oom`` with the details in the summary's
     ``oom``, or ``failed`` with its details in its ``failure``), ``oom`` for a failed host
     allocation the engine did not map (:func:`ckptlab.worker.measure.hostmem.is_out_of_memory`),
@@ -106,14 +145,16 @@ def record_run(Session: sessionmaker[Session], job: Job) -> Status:
         job: the claimed attempt.
 
     Returns:
-        The recorded status.
+        The recorded status (``queued`` for a requeued attempt).
 
     Raises:
         LookupError: no experiment with this id.
     """
     spec_json = _stored_spec(Session, job) if job.spec is None else None
     snapshot: str | None = None
-    writer = StepWriter(Session, experiment_id=job.experiment_id, attempt=job.attempt).start()
+    writer = StepWriter(
+        Session, experiment_id=job.experiment_id, attempt=job.attempt, watch_cancel=job.watch_cancel
+    ).start()
     try:
         spec = job.spec or ExperimentSpec.model_validate(spec_json)
         _check_target_allowed(spec, job)
@@ -124,9 +165,17 @@ def record_run(Session: sessionmaker[Session], job: Job) -> Status:
     try:
         writer.close(timeout_s=RECORD_DEADLINE_S)  # every step is committed before the outcome is
     except StepWriteError as exc:
-        outcome = _Outcome(Status.FAILED, None, f"{type(exc).__name__}: {exc}", outcome.warnings)
+        outcome = _Outcome(Status.FAILED, None, error_text(exc), outcome.warnings, log=log_text(exc))
     if snapshot is not None and not Path(snapshot).exists():
         snapshot = None
+    if outcome.lost and job.max_attempts is not None and job.attempt < job.max_attempts:
+        reason = outcome.error or "a rank was lost"
+        with_retry(
+            Session,
+            lambda s: requeue_experiment(s, experiment_id=job.experiment_id, attempt=job.attempt, reason=reason),
+            deadline_s=RECORD_DEADLINE_S,
+        )
+        return Status.QUEUED
     with_retry(
         Session,
         lambda s: finish_experiment(
@@ -138,6 +187,7 @@ def record_run(Session: sessionmaker[Session], job: Job) -> Status:
             error=outcome.error,
             warnings=outcome.warnings,
             snapshot_path=snapshot if outcome.status == Status.SUCCEEDED else None,
+            log=outcome.log,
         ),
         deadline_s=RECORD_DEADLINE_S,
     )
@@ -207,18 +257,18 @@ def _run(spec: ExperimentSpec, job: Job, writer: StepWriter, snapshot: str | Non
 def _failure(exc: Exception) -> _Outcome:
     """The outcome of a run that raised: a :class:`RunError`'s status, warnings and details
     (out of memory, or where it failed), a host allocation that failed outside the engine's
-    own mapping (``oom``), or ``failed`` with the traceback."""
+    own mapping (``oom``), or ``failed``. The error is one sentence (:func:`error_text`); the
+    traceback, with where the model failed, is the log (:func:`log_text`)."""
+    if isinstance(exc, RunCancelled):  # asked for, not a failure: the words a worker's cancel records
+        return _Outcome(Status.CANCELLED, None, str(exc), exc.warnings)
+    error, log = error_text(exc), log_text(exc)
     if isinstance(exc, RunError):  # RunOutOfMemory included: its status is oom
-        error = f"{type(exc).__name__}: {exc}"
-        if exc.__cause__ is not None and not isinstance(exc, RunOutOfMemory):  # where the model failed
-            error += "\n\n" + "".join(traceback.format_exception(exc.__cause__)[-6:])
         if isinstance(exc, RunOutOfMemory):
             summary = RunSummary(oom=exc.details)
         else:
             summary = RunSummary(failure=exc.details) if exc.details else None
-        return _Outcome(Status(exc.status), summary, error, exc.warnings)
+        return _Outcome(Status(exc.status), summary, error, exc.warnings, lost=isinstance(exc, RankLost), log=log)
     if is_out_of_memory(exc):  # outside the engine's own mapping (building the spec, a hook)
-        return _Outcome(
-            Status.OOM, RunSummary(oom=oom_details({"phase": "setup", "step": 0}, exc, None)), error_text(exc)
-        )
-    return _Outcome(Status.FAILED, None, error_text(exc))
+        oom = RunSummary(oom=oom_details({"phase": "setup", "step": 0}, exc, None))
+        return _Outcome(Status.OOM, oom, error, log=log)
+    return _Outcome(Status.FAILED, None, error, log=log)

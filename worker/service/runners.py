@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 
@@ -68,7 +69,7 @@ class InProcessRunner:
                     interval_s=self.settings.heartbeat_interval_s,
                     lease_s=self.settings.lease_s,
                 )
-            return record_run(self.Session, job)
+            return record_run(self.Session, dataclasses.replace(job, watch_cancel=True))  # no slot to kill it
         finally:
             if beat is not None:
                 beat.stop()

@@ -206,6 +206,7 @@ class _Slot(threading.Thread):
             spec=spec,
             memory_limit_bytes=run_memory_limit(spec, self.device, w.settings.worker_memory_bytes),
             allowed_model_targets=tuple(w.settings.allowed_model_targets),
+            max_attempts=w.settings.max_attempts,
         )
         timeout_s = (spec.timeout_s if spec else None) or w.settings.default_timeout_s
         log.info("running experiment %s (attempt %s) on %s", exp.id, exp.attempt, self.device)

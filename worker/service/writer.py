@@ -19,8 +19,10 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from ckptlab.db.queue import get_run_state
 from ckptlab.db.retry import with_retry
 from ckptlab.db.store import add_steps
+from ckptlab.worker.errors import RunCancelled
 
 __all__ = ["StepWriter", "StepWriteError"]
 
@@ -28,6 +30,8 @@ log = logging.getLogger("ckptlab.db")
 
 #: Most rows sent in one INSERT transaction.
 _MAX_CHUNK = 4096
+#: How often a writer with ``watch_cancel`` reads the cancel flag, seconds.
+CANCEL_POLL_S = 0.5
 
 
 class StepWriteError(RuntimeError):
@@ -45,6 +49,10 @@ class StepWriter:
         batch_rows: insert at once when this many records wait (default 256).
         retry_s: how long one batch is retried on a transient error before the thread
             backs off and tries again later, seconds (default 30). Records are kept.
+        watch_cancel: the thread also reads the experiment's cancel flag, at most every
+            :data:`CANCEL_POLL_S`, and the next :meth:`put` after it is set raises
+            :class:`ckptlab.worker.errors.RunCancelled` (a run in its caller's process:
+            ``ckptlab run``, ``ckptlab.profile``; default False).
 
     Use as a context manager, or call :meth:`start` and :meth:`close`.
     """
@@ -58,6 +66,7 @@ class StepWriter:
         flush_interval_s: float = 0.2,
         batch_rows: int = 256,
         retry_s: float = 30.0,
+        watch_cancel: bool = False,
     ):
         self._Session = Session
         self.experiment_id = experiment_id
@@ -72,6 +81,9 @@ class StepWriter:
         self._closing = threading.Event()
         self._deadline = float("inf")
         self._unsure = False  # a write failed and may have committed: skip stored steps next time
+        self.watch_cancel = watch_cancel
+        self._cancel_seen = threading.Event()
+        self._cancel_read_at = 0.0
         self._thread = threading.Thread(target=self._run, name=f"ckptlab-steps-{experiment_id}", daemon=True)
 
     def start(self) -> StepWriter:
@@ -80,12 +92,19 @@ class StepWriter:
         return self
 
     def put(self, record: Mapping[str, Any]) -> None:
-        """Buffer one step record (see :func:`ckptlab.db.store.add_steps`); never blocks on I/O."""
+        """Buffer one step record (see :func:`ckptlab.db.store.add_steps`); never blocks on I/O.
+
+        Raises:
+            RunCancelled: with ``watch_cancel``, the experiment's cancel flag was seen set
+                (this record is buffered first: the steps that ran are kept).
+        """
         with self._lock:
             self._pending.append(record)
             full = len(self._pending) >= self.batch_rows
         if full:
             self._wake.set()
+        if self._cancel_seen.is_set():
+            raise RunCancelled(f"cancelled while running (attempt {self.attempt})")
 
     @property
     def pending(self) -> int:
@@ -127,10 +146,28 @@ class StepWriter:
             self._wake.clear()
             closing = self._closing.is_set()
             ok = self._flush()
+            if self.watch_cancel and not closing:
+                self._read_cancel()
             if closing and (not self.pending or time.monotonic() >= self._deadline):
                 return
             if not ok:  # back off before the next round of retries; records stay buffered
                 self._closing.wait(min(1.0, self.flush_interval_s * 5))
+
+    def _read_cancel(self) -> None:
+        """Read the cancel flag (at most every :data:`CANCEL_POLL_S`); a failed read is retried
+        at the next round."""
+        now = time.monotonic()
+        if now - self._cancel_read_at < CANCEL_POLL_S:
+            return
+        self._cancel_read_at = now
+        try:
+            with self._Session() as s:
+                state = get_run_state(s, experiment_id=self.experiment_id)
+        except Exception:  # noqa: BLE001 - the next round reads again
+            log.debug("reading the cancel flag of experiment %s failed", self.experiment_id, exc_info=True)
+            return
+        if state is not None and state.cancel_requested:
+            self._cancel_seen.set()
 
     def _flush(self) -> bool:
         """Insert buffered records in chunks; returns False when the database kept failing."""

@@ -167,6 +167,28 @@ def test_writes_need_the_token_when_one_is_set(make_client):
     assert "security" not in doc["paths"]["/api/experiments"]["get"]
 
 
+@pytest.mark.parametrize("protect", [False, True])
+def test_reads_that_compute_need_the_token_with_protect_reads(make_client, protect):
+    c = make_client(api_token="s3cret", protect_reads=protect)
+    auth = {"Authorization": "Bearer s3cret"}
+    exp = c.post("/api/experiments", json=spec_dict(), headers=auth).json()["id"]
+    sweep = c.post("/api/sweeps", json={"name": "x", "base": spec_dict(), "axes": {"amp": ["off"]}}, headers=auth)
+    sid = sweep.json()["id"]
+    computed = [
+        f"/api/experiments/{exp}/comparison",
+        "/api/experiments/export",
+        f"/api/sweeps/{sid}/results",
+        f"/api/sweeps/{sid}/charts/pareto",
+        f"/api/sweeps/{sid}/recommendation",
+        f"/api/plans/{sid}",
+    ]
+    for path in computed:
+        assert c.get(path).status_code == (401 if protect else c.get(path, headers=auth).status_code), path
+        assert c.get(path, headers=auth).status_code in (200, 404, 422), path
+    for cheap in ("/api/experiments", f"/api/experiments/{exp}", f"/api/sweeps/{sid}", "/api/health"):
+        assert c.get(cheap).status_code == 200, cheap  # lists and single rows stay open
+
+
 def test_no_token_no_auth(client):
     assert client.post("/api/experiments", json=spec_dict()).status_code == 201
     assert "security" not in client.get("/openapi.json").json()["paths"]["/api/experiments"]["post"]

@@ -141,7 +141,7 @@ def test_time_pareto_and_correctness_charts(client, synthetic):
 def test_charts_of_an_unfinished_sweep_are_empty_not_errors(client):
     body = {"name": "x", "base": spec_dict(), "axes": {"amp": ["off", "bf16"]}}
     sid = client.post("/api/sweeps", json=body).json()["id"]
-    for name in ("memory_vs_segments", "time_vs_segments", "pareto", "correctness"):
+    for name in ("memory_vs_segments", "time_vs_segments", "pareto", "correctness", "memory_per_rank"):
         r = client.get(f"/api/sweeps/{sid}/charts/{name}")
         assert r.status_code == 200
         assert all(not t.get("x") for t in r.json()["data"])
@@ -154,3 +154,21 @@ def test_unknown_chart_and_sweep(client):
     msg = r.json()["detail"][0]["msg"]
     assert all(n in msg for n in ("memory_vs_segments", "time_vs_segments", "pareto", "correctness"))
     assert client.get("/api/sweeps/999/charts/pareto").status_code == 404
+
+
+def test_memory_per_rank_against_world_size_and_empty_without_that_axis(client, db_session):
+    body = {
+        "name": "ranks",
+        "base": spec_dict(**{"checkpoint.strategy": "per_block"}, distributed={"kind": "fsdp2", "world_size": 2}),
+        "axes": {"distributed.world_size": [2, 4]},
+    }
+    sweep = client.post("/api/sweeps", json=body).json()
+    for e in sorted(sweep["experiments"], key=lambda e: e["id"]):  # each rank holds its share
+        _finish(db_session, e["id"], {"peak_allocated_bytes": 1000 + 4000 // e["values"]["distributed.world_size"]})
+    figure = traces(client, sweep["id"], "memory_per_rank")
+    assert set(figure) == {"peak none", "activation none", "peak per_block", "activation per_block"}
+    for strategy in ("none", "per_block"):  # each baseline's second run left out
+        assert (figure[f"peak {strategy}"]["x"], figure[f"peak {strategy}"]["y"]) == ([2, 4], [3000, 2000])
+    other = client.post("/api/sweeps", json={"name": "x", "base": spec_dict(), "axes": {"amp": ["off", "bf16"]}})
+    layout = client.get(f"/api/sweeps/{other.json()['id']}/charts/memory_per_rank").json()["layout"]
+    assert layout["meta"] == {"empty": True} and "does not vary distributed.world_size" in layout["title"]["text"]

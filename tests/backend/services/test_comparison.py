@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import random
 
+from ckptlab.backend.services import comparison
 from tests.backend.conftest import finish_next
-from tests.factories import spec_dict
+from tests.factories import make_spec, spec_dict
 
 
 def _times(center: float, seed: int, n: int = 20) -> dict:
@@ -69,3 +70,41 @@ def test_in_a_sweep_the_comparison_is_the_sweep_tables(client, db_session):
     c = client.get(f"/api/experiments/{row['experiment_id']}/comparison").json()
     assert c["baseline_ids"] == [ids[0], ids[2]]
     assert (c["overhead"], c["overhead_text"]) == (row["overhead"], row["overhead_text"])
+
+
+def test_a_paired_run_is_served_the_overhead_its_worker_stored(client, db_session):
+    """Reads do not bootstrap a paired run's rounds again: the figures stored at its finish
+    are the answer (here deliberately not the rounds': the read shows which it used)."""
+    run = _create(client, **{"checkpoint.strategy": "sequential"})
+    rounds = _times(10, 11, n=200)["step_times_ms"]
+    stored = {"estimate_pct": 31.0, "low_pct": 29.5, "high_pct": 33.0, "rounds": 200, "clock": "CPU time"}
+    summary = {**_times(13, 12, n=200), "step_cpu_ms": rounds, "paired_with": "none"}
+    summary |= {"paired_baseline_cpu_ms": rounds, "paired_baseline_step_times_ms": rounds, "paired_overhead": stored}
+    finish_next(db_session, run, summary)
+    c = client.get(f"/api/experiments/{run}/comparison").json()
+    assert (c["overhead"]["estimate_pct"], c["overhead"]["low_pct"], c["overhead"]["high_pct"]) == (31.0, 29.5, 33.0)
+    assert c["overhead"]["measurable"] is True and c["overhead_text"].startswith("+31%")
+
+
+def test_a_baseline_the_server_would_refuse_is_not_offered_and_says_why(client, db_session):
+    """Issue 32: "Run the baseline" submits the spec with strategy none; the comparison says
+    when this server would refuse that (a python target it does not allow), and a run
+    ``ckptlab.profile`` stored (its summary names the model) says to profile the baseline."""
+    from ckptlab.db import store
+
+    model = {"kind": "python", "target": "my_pkg.models:Net", "depth": 2}
+    ids = {}
+    for name, summary in [("profiled", {"model": "Net (1,234 parameters)"}), ("cli", {})]:
+        exp = store.create_experiment(db_session, spec=make_spec(model=model, **{"checkpoint.strategy": "per_block"}))
+        finish_next(db_session, exp.id, summary)
+        ids[name] = exp.id
+    built_in = _create(client, **{"checkpoint.strategy": "sequential"})
+    finish_next(db_session, built_in, _times(10, 13))
+
+    refused = {
+        name: client.get(f"/api/experiments/{i}/comparison").json()["baseline_refused"] for name, i in ids.items()
+    }
+    assert refused["profiled"] == comparison.PROFILED_BASELINE
+    assert 'ckptlab.profile(model, sample, strategy="none")' in refused["profiled"]
+    assert refused["cli"].startswith("this server would refuse its baseline: python target 'my_pkg.models:Net'")
+    assert client.get(f"/api/experiments/{built_in}/comparison").json()["baseline_refused"] is None

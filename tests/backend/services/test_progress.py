@@ -9,7 +9,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
-from ckptlab.analysis.progress import STEPS_PLANNED
+from ckptlab.analysis.progress import PASS_STEP_MS, STEPS_PLANNED
 from ckptlab.db import queue, store
 from ckptlab.db.models import Experiment
 from ckptlab.summary import RunSummary
@@ -32,21 +32,32 @@ def test_queued_runs_are_numbered_in_the_order_workers_claim_them(client: TestCl
     assert client.get(f"/api/experiments/{third.id}").json()["progress"]["queue_position"] == 2
 
 
-def test_a_running_run_reports_step_k_of_n_and_an_eta_from_its_steps(client: TestClient, db_session: Session) -> None:
+def test_a_running_run_reports_its_pass_a_fixed_total_and_an_eta_from_its_step_times(
+    client: TestClient, db_session: Session
+) -> None:
     spec = make_spec(steps=5, timed_steps=20)
     exp = store.create_experiment(db_session, spec=spec, status="running", worker_id="t:1")
     assert client.get(f"/api/experiments/{exp.id}").json()["progress"]["step"] is None  # building the model
 
     exp.started_at = exp.started_at - timedelta(seconds=10)  # 10 s ago
     db_session.commit()
-    # The memory pass stopped after 3 steps: the timed steps say 3 + 20 in all.
-    add_steps(db_session, exp, [1, 2, 3], extra={STEPS_PLANNED: 25})
-    add_steps(db_session, exp, [4, 5], extra={STEPS_PLANNED: 23})
+    add_steps(db_session, exp, [1, 2], extra={"pass": "memory", STEPS_PLANNED: 25, PASS_STEP_MS: 2000.0})
     p = client.get(f"/api/experiments/{exp.id}").json()["progress"]
-    assert (p["step"], p["total_steps"]) == (5, 23)
+    assert (p["run_pass"], p["done_steps"], p["total_steps"], p["eta_s"]) == ("memory", 2, 25, None)
+    assert p["memory_left_s"] == pytest.approx(6.0)
+    assert (
+        p["text"]
+        == "memory step 2 of 5 (about 6 s left in it), then 20 timed steps: time left estimated once they start"
+    )
+
+    # The memory pass stopped after 3 steps: the timed steps say 3 + 20, the total stays 25.
+    add_steps(db_session, exp, [3], extra={"pass": "memory", STEPS_PLANNED: 25, PASS_STEP_MS: 2000.0})
+    add_steps(db_session, exp, [4, 5], extra={"pass": "timed", STEPS_PLANNED: 23, PASS_STEP_MS: 500.0})
+    p = client.get(f"/api/experiments/{exp.id}").json()["progress"]
+    assert (p["step"], p["total_steps"], p["done_steps"], p["pass_step"]) == (5, 25, 7, 2)
     assert p["elapsed_s"] == pytest.approx(10, abs=5)
-    assert p["eta_s"] == pytest.approx(p["elapsed_s"] * 18 / 5, rel=0.01)
-    assert p["text"].startswith("step 5 of 23, about ")
+    assert p["eta_s"] == pytest.approx(18 * 0.5)
+    assert p["text"] == "timed step 2 of 20, about 9 s left"
 
 
 def test_a_finished_run_has_no_progress(client: TestClient, db_session: Session) -> None:

@@ -74,6 +74,49 @@ def test_a_stream_over_the_cap_gets_503_with_retry_after(live_server_factory, db
         stop.set()
 
 
+def test_a_stream_over_the_cap_is_refused_before_any_work_for_it(make_client, db_session, monkeypatch):
+    # Refusals under a burst waited behind the accepted streams' work (issue 33, item 8): the
+    # cap was checked after a worker thread and a database read. Now it is checked first:
+    # no session opened, no stream built (bench/bench_stream_burst.py times it).
+    import ckptlab.backend.services.streams as streams
+
+    exp = running_experiment(db_session)
+    c = make_client(max_streams=1)
+    work: list[str] = []
+    sessions = c.app.state.sessionmaker  # the side tasks hold the original: only requests count
+
+    def counted(name, real):
+        return lambda *args, **kwargs: (work.append(name), real(*args, **kwargs))[1]
+
+    monkeypatch.setattr(c.app.state, "sessionmaker", counted("session", sessions))
+    monkeypatch.setattr(streams, "event_stream", counted("event_stream", streams.event_stream))
+    assert c.app.state.stream_slots.acquire()  # the one slot is taken
+    for url in (f"/api/experiments/{exp.id}/events", f"/api/sweeps/{exp.id}/events?steps=false"):
+        r = c.get(url, headers={"Last-Event-ID": "1:ab"})
+        assert r.status_code == 503 and r.headers["Retry-After"] == "5", r.text
+        assert "max_streams" in r.json()["detail"]
+    assert work == []
+    c.app.state.stream_slots.release()
+    with c.stream("GET", f"/api/experiments/{exp.id}/events") as r:  # the slot is free again
+        assert r.status_code == 200
+        assert work[0] == "session"
+
+
+def test_a_stream_gives_its_slot_back_however_it_ends(make_client, db_session):
+    # The slot is held for the whole request: given back after a 404, a 422 and a stream
+    # that ran to its end, so one slot serves them one after another.
+    exp = running_experiment(db_session)
+    queue.finish_experiment(db_session, experiment_id=exp.id, status="succeeded", summary=RunSummary())
+    c = make_client(max_streams=1)
+    assert c.get("/api/experiments/999999/events").status_code == 404
+    assert c.get(f"/api/experiments/{exp.id}/events", headers={"Last-Event-ID": "x"}).status_code == 422
+    assert c.get("/api/experiments/1/events/history").status_code in (200, 404)  # not a stream
+    for _ in range(2):
+        events = parse_sse(c.get(f"/api/experiments/{exp.id}/events").text)
+        assert events[-1].event == "end"
+    assert c.app.state.stream_slots.open == 0
+
+
 def _collect_steps(url: str, want: int, got: list, opened: threading.Semaphore) -> None:
     with httpx.Client(timeout=60) as c, c.stream("GET", url) as r:
         opened.release()

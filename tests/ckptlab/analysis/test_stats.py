@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 
+from ckptlab.analysis import stats
 from ckptlab.analysis.stats import NOISE_THRESHOLD_PCT, RatioInterval, describe, ratio_ci
+from ckptlab.summary import HostLoad
 
 
 def _noisy(center: float, n: int, seed: int, jitter: float = 0.1) -> list[float]:
@@ -59,3 +62,61 @@ def test_the_interval_is_reproducible_and_empty_inputs_give_none():
     base, run = _noisy(10.0, 15, seed=6), _noisy(11.0, 15, seed=7)
     assert ratio_ci(base, run) == ratio_ci(base, run)
     assert ratio_ci([], run) is None and ratio_ci(base, []) is None and ratio_ci([0.0], run) is None
+
+
+def test_the_same_samples_are_resampled_once(monkeypatch):
+    calls = []
+    resample = stats._resampled_medians
+    monkeypatch.setattr(stats, "_resampled_medians", lambda *a: calls.append(len(a[0])) or resample(*a))
+    base, run = _noisy(10.0, 30, seed=8), _noisy(12.0, 30, seed=9)
+    first = ratio_ci(base, run, threshold_pct=1.0)
+    assert ratio_ci(list(base), list(run), threshold_pct=1.0) is first and calls == [30, 30]
+    assert ratio_ci(base, run, threshold_pct=2.0) is not first  # another question, answered anew
+    assert ratio_ci(base, [*run[:-1], run[-1] + 1e-9], threshold_pct=1.0) is not first
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 20, 21, 200])
+def test_resampled_medians_have_the_distribution_of_index_resampling(n):
+    """The order-statistic draw against the definition (resample indices, take the median):
+    the same quantiles of the bootstrap distribution, to within Monte Carlo error."""
+    x = np.random.default_rng(n).lognormal(0, 0.5, size=n)
+    direct = np.median(x[np.random.default_rng(1).integers(0, n, size=(100_000, n))], axis=1)
+    drawn = stats._resampled_medians(list(x), np.random.default_rng(2), 100_000)
+    q = [2.5, 25, 50, 75, 97.5]
+    assert np.percentile(drawn, q) == pytest.approx(np.percentile(direct, q), rel=0.02)
+
+
+def test_a_90000_step_run_gets_a_narrow_interval_around_its_median():
+    long = describe(_noisy(10.0, 90_000, seed=10))
+    assert long.ci_low < long.median < long.ci_high and long.ci_high - long.ci_low < 0.05
+
+
+def _load(share: float | None, load_1m: float = 1.0) -> HostLoad:
+    return HostLoad(load_1m=load_1m, cpus=2, threads=1, cpu_share=share)
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "comparable"),
+    [
+        (_load(0.98), _load(0.97), True),  # a quiet host, twice
+        (_load(0.66, 3.0), _load(0.98), False),  # two busy loops beside the first
+        (_load(0.66, 3.0), _load(0.67, 3.0), False),  # busy both times
+        (_load(0.97), _load(0.86), False),  # the host's load moved between them
+        (_load(None, 1.1), _load(None, 1.0), True),  # CUDA runs: by the load average
+        (_load(None, 3.2), _load(None, 1.0), False),
+        (None, _load(0.5, 3.0), True),  # stored before loads were recorded: as before
+    ],
+)
+def test_separate_runs_are_compared_only_on_a_quiet_host(a, b, comparable):
+    why = stats.separate_runs_not_comparable(a, b)
+    assert (why is None) is comparable
+    interval = stats.between_separate_runs(ratio_ci(_noisy(10.0, 30, seed=1), _noisy(14.0, 30, seed=2)), a, b)
+    assert interval.measurable is comparable  # a 40% slowdown, called only where it may be
+    if not comparable:
+        assert why.startswith("separate runs on a busy host: not comparable (") and interval.not_comparable == why
+
+
+def test_fewer_than_five_rounds_are_never_measurable():
+    few = ratio_ci([10.0, 10.1, 9.9, 10.0], [20.0, 20.1, 19.9, 20.0])
+    assert few.rounds == 4 and not few.measurable and few.low_pct > 50
+    assert ratio_ci(_noisy(10.0, 5, seed=3, jitter=0.01), _noisy(20.0, 5, seed=4, jitter=0.01)).measurable

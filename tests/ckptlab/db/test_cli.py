@@ -19,7 +19,7 @@ from ckptlab.domain import Status
 from ckptlab.settings import Settings, get_settings
 from ckptlab.summary import RunSummary
 from ckptlab.worker.service.writer import StepWriter
-from tests.factories import make_spec, varied_step_record
+from tests.factories import corrupt, make_spec, varied_step_record
 
 N = 6000
 
@@ -96,3 +96,26 @@ def test_rebuild_shows_progress_on_long_work_and_refuses_an_unknown_experiment(c
     assert "rolling up steps" in result.output and "300/300" in result.output
     missing = cli("db", "rebuild-rollups", "--experiment", str(exp + 1))
     assert missing.exit_code == 2 and missing.stderr.strip() == f"error: no experiment {exp + 1}"
+
+
+def test_check_lists_the_rows_that_do_not_read_back_and_exits_1(cli, any_database_url, caplog):
+    engine = make_engine(any_database_url)
+    Session = make_sessionmaker(engine)
+    with Session() as s:
+        ids = [store.create_experiment(s, spec=make_spec()).id for _ in range(3)]
+    clean = cli("db", "check")
+    assert clean.exit_code == 0, clean.output
+    assert clean.output.strip() == "no corrupt row: 3 experiment(s) and 0 sweep(s) read back whole"
+
+    with Session() as s:
+        corrupt(s, "experiments", ids[0], "summary")
+        corrupt(s, "experiments", ids[2], "spec")
+    engine.dispose()
+    found = cli("db", "check")
+    assert found.exit_code == 1, found.output
+    lines = found.output.strip().splitlines()
+    assert lines[0].startswith(f"experiments {ids[0]}: summary: ") and lines[1].startswith(
+        f"experiments {ids[2]}: spec: "
+    )
+    assert lines[2:] == ["2 corrupt row(s) of 3 experiment(s) and 0 sweep(s)"]
+    assert "is corrupt" not in caplog.text  # listed once, not logged besides

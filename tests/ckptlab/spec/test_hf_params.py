@@ -18,7 +18,7 @@ VARIANTS = [
     ("resnet", {"layer_type": "basic", "embedding_size": 16}),  # a shortcut in stage 1
     ("convnext", {"depths": [1, 1, 1], "hidden_sizes": [8, 16, 24]}),
     ("vit", {"image_size": 48}),  # more patches, more position embeddings
-    ("swin", {"window_size": 4}),  # a smaller relative-position bias table
+    ("swin", {"window_size": 4, "image_size": 64}),  # a larger relative-position bias table (runs at 64 px)
 ]
 FULL_SIZE = [(a, {"image_size": 224} if a in ("vit", "swin") else {}) for a in sorted(HF_ARCHITECTURES)]
 

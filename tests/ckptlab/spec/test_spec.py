@@ -221,6 +221,12 @@ def test_the_fields_come_from_the_spec_class_json_schema():
         ({"world_size": 2}, {}, ("distributed", "world_size"), "needs kind 'ddp' or 'fsdp2'"),
         ({"kind": "ddp", "world_size": 2, "mixed_precision": {}}, {}, ("distributed", "mixed_precision"), "FSDP2"),
         ({"kind": "fsdp2", "world_size": 0}, {}, ("distributed", "world_size"), "greater than or equal to 1"),
+        (
+            {"kind": "fsdp2", "world_size": 2, "find_unused_parameters": True},
+            {},
+            ("distributed", "find_unused_parameters"),
+            "DDP's option",
+        ),
         ({"kind": "fsdp2", "world_size": 2}, {"device": "cuda"}, ("device",), "CPU ranks"),
         (
             {"kind": "ddp", "world_size": 2},

@@ -116,3 +116,15 @@ def test_units_inside_the_checkpointed_blocks_run_and_the_audit_names_them(measu
     assert "fsdp_inside_block" in [f.code for f in summary.findings]
     torchtitan = measured(sharded_spec("hf-llama", "per_block"))
     assert not [f for f in torchtitan.findings if f.code == "fsdp_inside_block"]
+
+
+def test_ddp_with_reentrant_checkpointing_and_find_unused_parameters_fails_saying_why(measured):
+    """The seed pitfall (pytorch/pytorch#24005), reproduced on CPU ranks; the same run with
+    non-reentrant checkpointing succeeds with the gradients of one process."""
+    spec = sharded_spec("mlp", "per_block", kind="ddp", find_unused_parameters=True)
+    reentrant = spec.model_copy(update={"checkpoint": spec.checkpoint.model_copy(update={"use_reentrant": True})})
+    with pytest.raises(
+        RunError, match=r"^rank \d: DDP marked a parameter ready twice: reentrant .*#24005.*use_reentrant false"
+    ):
+        run_distributed(reentrant)
+    assert measured(spec).sharded_gradients.match

@@ -11,7 +11,7 @@ import pytest
 from ckptlab.db import store
 from ckptlab.db.database import make_engine, make_sessionmaker
 from ckptlab.domain import FINISHED_STATUSES, Status
-from ckptlab.settings import Settings, host_memory_bytes
+from ckptlab.settings import WORKER_MEMORY_SHARE, Settings, host_memory_bytes
 from ckptlab.worker.measure import hostmem
 from ckptlab.worker.service.slots import run_worker
 from tests.factories import make_spec
@@ -38,8 +38,9 @@ def _row(Session, experiment_id):
         return store.get_experiment(s, experiment_id=experiment_id)
 
 
-def test_worker_memory_defaults_to_the_hosts_ram_and_reads_the_environment(monkeypatch):
-    assert Settings().worker_memory_bytes == host_memory_bytes() > 0
+def test_worker_memory_defaults_to_a_share_of_the_hosts_ram_and_reads_the_environment(monkeypatch):
+    assert Settings().worker_memory_bytes == int(host_memory_bytes() * WORKER_MEMORY_SHARE) > 0
+    assert WORKER_MEMORY_SHARE == 0.75  # the share the settings and the guides state
     monkeypatch.setenv("CKPTLAB_WORKER_MEMORY_BYTES", str(3 * 2**30))
     assert Settings().worker_memory_bytes == 3 * 2**30
 

@@ -1,14 +1,13 @@
 """Users' own models through the ``ckptlab.models`` entry-point group."""
 
 import sys
-import textwrap
 
 import pytest
 
 from ckptlab.worker.engine.run import run_experiment
 from ckptlab.worker.errors import RunError
 from tests.factories import make_spec
-from tests.support import install_model_plugin
+from tests.support import install_model_plugin, install_python_target
 
 PLUGIN = """
 import torch
@@ -104,9 +103,7 @@ def test_a_package_installed_while_the_worker_runs_is_found_without_a_restart(
 @pytest.fixture
 def python_target(tmp_path, monkeypatch):
     """``ckptlab_target_model:factory``, a module on sys.path (not a distribution)."""
-    (tmp_path / "ckptlab_target_model.py").write_text(textwrap.dedent(PLUGIN))
-    monkeypatch.syspath_prepend(str(tmp_path))
-    yield "ckptlab_target_model:factory"
+    yield install_python_target(tmp_path, monkeypatch, module="ckptlab_target_model", source=PLUGIN)
     sys.modules.pop("ckptlab_target_model", None)
 
 

@@ -1,16 +1,9 @@
 """A sharded spec predicted as one rank over a fake process group: at world size 2 on the
-CPU target its rank's figures are the measured ranks' (CPU ranks over gloo); at larger world
-sizes each rank holds its share of the parameters and optimizer state; DDP is refused
-saying why.
-
-The prediction is the run as if every collective completed at once. gloo completes them on
-its own threads, and a buffer its work holds (a unit's reduce-scatter input) is freed when
-that thread lets go of it, sometimes after the next allocations: the measured peak is then
-higher, by a different amount from run to run. Seen on this 2-core host: equal to the byte
-in most runs; +3.0% (7,296 B, the MLP under none) and +8.7% (50,816 B, the built-in
-transformer under per_block, in one run of the whole suite). So the test asserts what
-holds every time: the parameters and optimizer state each rank holds are equal to the
-byte, and the measured peak is at or above the prediction and at most 10% above it."""
+CPU target its rank's figures are the measured ranks' (CPU ranks over gloo) within 2% (the
+issue's bar; seen: equal to the byte in 24 of 24 runs, 12 of them under two busy loops on
+this 2-core host, since the measured ranks give gloo private copies of FSDP2's buffers:
+:func:`ckptlab.worker.distributed.shard.collective_categories`); at larger world sizes each
+rank holds its share of the parameters and optimizer state; DDP is refused saying why."""
 
 from __future__ import annotations
 
@@ -31,8 +24,8 @@ def test_a_traced_rank_equals_the_measured_ranks_on_cpu(model, strategy, measure
     predicted = predict_run(spec, CPU_TARGET)
     run = measured(spec)
     assert predicted.world_size == 2 and predicted.global_batch_size == 8 and len(predicted.ranks) == 1
-    for rank in run.ranks:  # see the module docstring
-        assert predicted.peak_allocated_bytes <= rank.peak_allocated_bytes <= 1.10 * predicted.peak_allocated_bytes
+    for rank in run.ranks:
+        assert rank.peak_allocated_bytes == pytest.approx(predicted.peak_allocated_bytes, rel=0.02)
         for category in (PARAMETERS, OPTIMIZER):
             assert predicted.memory_at_forward_end[category] == rank.memory_at_forward_end[category]
 

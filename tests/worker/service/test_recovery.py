@@ -30,7 +30,7 @@ from ckptlab.db.models import Experiment, Step, Worker
 from ckptlab.domain import FINISHED_STATUSES
 from ckptlab.settings import Settings
 from ckptlab.worker.service.slots import run_worker
-from tests.factories import make_spec, spec_dict
+from tests.factories import make_spec, sharded_spec, spec_dict
 from tests.support import in_process_worker as worker_thread
 from tests.support import wait_for
 
@@ -332,3 +332,52 @@ def test_backend_reaper_requeues_experiments_of_a_silent_worker(db, any_database
     with TestClient(create_app(settings)):
         row = wait_for(_status_is(db, exp.id, "queued"), timeout=10, interval=0.05)
     assert row.attempt == 1
+
+
+def _kill_a_rank_of(Session, experiment_id: int, attempt: int) -> None:
+    """SIGKILL rank 1 of the attempt once it has stored a step (its ranks are descendants of
+    this process: the in-process worker's slot child starts them)."""
+    from ckptlab.worker.distributed.launch import RANK_MODULE
+
+    def rank_1():
+        if not _steps(Session, experiment_id, attempt=attempt):
+            return None
+        ranks = [p for p in psutil.Process().children(recursive=True) if RANK_MODULE in " ".join(_cmdline(p))]
+        return sorted(ranks, key=lambda p: _cmdline(p)[3:4])[1] if len(ranks) == 2 else None
+
+    wait_for(rank_1, timeout=120, interval=0.05).send_signal(signal.SIGKILL)
+
+
+def _cmdline(p: psutil.Process) -> list[str]:
+    try:
+        return p.cmdline()
+    except psutil.Error:
+        return []
+
+
+@pytest.mark.slow
+def test_a_lost_rank_requeues_the_run_and_fails_it_after_the_last_attempt(db, any_database_url, data_dir):
+    spec = sharded_spec("mlp", "per_block").model_copy(
+        update={"steps": 60, "memory_early_stop": False, "verify_gradients": False}
+    )
+    with db() as s:
+        exp_id = store.create_experiment(s, spec=spec).id
+    with in_process_worker(any_database_url, data_dir, max_attempts=2):
+        for attempt in (1, 2):
+            _kill_a_rank_of(db, exp_id, attempt)
+        row = wait_for(_status_is(db, exp_id, *FINISHED_STATUSES), timeout=60, interval=0.1)
+    assert (row.status, row.attempt) == ("failed", 2)
+    assert row.error.startswith("RankLost: rank 1 exited (signal 9) without a summary")
+    with db() as s:
+        history = [(e.status, e.attempt, e.reason) for e in events.history(s, experiment_id=exp_id)]
+    lost = "RankLost: rank 1 exited (signal 9) without a summary"
+    assert history == [
+        ("queued", 0, "submitted"),
+        ("running", 1, "claimed"),
+        ("queued", 1, lost),
+        ("running", 2, "claimed"),
+        ("failed", 2, lost),
+    ]
+    assert not [
+        p for p in psutil.Process().children(recursive=True) if _cmdline(p)[2:3] == ["ckptlab.worker.distributed.rank"]
+    ]
