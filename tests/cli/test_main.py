@@ -1,6 +1,7 @@
 """``ckptlab run``: the table, the JSON summary, and exit code 2 with one line on bad input."""
 
 import json
+import re
 
 import pytest
 from sqlalchemy import func, select
@@ -155,3 +156,24 @@ def test_worker_rejects_an_unknown_device_in_one_line(cli):
     result = cli("worker", "--devices", "tpu:0", "--once")
     assert result.exit_code == 2
     assert result.stderr.strip() == "error: unknown device 'tpu:0'; expected cpu, cuda or cuda:N"
+
+
+def test_the_readmes_first_example_prints_what_checkpointing_saved(cli, tmp_path):
+    """Issue 32, item 7: the first example a newcomer runs sets its peak with activations, and
+    `ckptlab run` says what checkpointing saved against the reference forward."""
+    from tests.worker.engine.test_progress_estimate import readme_first_spec
+
+    spec = readme_first_spec()
+    path = tmp_path / "spec.json"
+    path.write_text(spec.model_dump_json())
+    result = cli("run", str(path))
+    assert result.exit_code == 0, result.output
+    words = " ".join(result.output.split())
+    saved = re.search(
+        r"checkpointing saved ([\d.]+) MiB of activations: ([\d.]+) MiB kept instead of ([\d.]+) MiB", words
+    )
+    assert saved, words
+    assert float(saved.group(2)) < 0.5 * float(saved.group(3))  # more than half of the activations saved
+    assert "checkpointing cannot lower this peak" not in words
+    assert re.search(r"peak [\d.]+ MiB is in \w+: activations \d+%", words), words  # they lead the peak
+    assert "gradients: match" in words
