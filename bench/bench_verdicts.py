@@ -53,7 +53,9 @@ def _run(strategy: str):
 def _sweep() -> tuple[Any, Any]:
     """One sweep's two verdicts: the repeated baseline's drift and per_block's paired overhead."""
     first, per_block, again = _run("none"), _run("per_block"), _run("none")
-    drift = between_separate_runs(ratio_ci(first.step_times_ms, again.step_times_ms), again.host_load, first.host_load)
+    drift = between_separate_runs(
+        ratio_ci(first.step_times_ms, again.step_times_ms), [again.host_load], [first.host_load]
+    )
     return (drift, first, again), paired_overhead_of(per_block)
 
 

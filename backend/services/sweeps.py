@@ -167,8 +167,8 @@ class SweepRow:
         step_times_ms: the timed step times (ms), for comparing two rows; for a baseline's
             first run, those of all its succeeded runs.
         noise_threshold_pct: the noise threshold its comparisons use.
-        host_load: the host's load when its timing pass ended; ``loads``: those of every run
-            in its ``step_times_ms`` (a baseline's first run pools its repeats'). A comparison
+        loads: the host's load as the timing pass ended, for every run in its
+            ``step_times_ms`` (a baseline's first run pools its repeats'). A comparison
             of separate runs whose loads say so is not comparable
             (:func:`ckptlab.analysis.stats.between_separate_runs`).
         paired: ``(baseline, run, clock)`` times of its paired rounds with an un-checkpointed copy
@@ -199,7 +199,6 @@ class SweepRow:
     step_times_ms: list[float] = field(default_factory=list)
     paired: tuple[list[float], list[float], str] | None = None
     paired_interval: RatioInterval | None = None
-    host_load: HostLoad | None = None
     loads: list[HostLoad | None] = field(default_factory=list)
 
     def paired_overhead(self) -> RatioInterval | None:
@@ -222,7 +221,7 @@ def compare_rows(a: SweepRow, b: SweepRow) -> RatioInterval | None:
         return paired_ratio_ci(b.paired[0], b.paired[1], threshold_pct=threshold)
     if b.role == "baseline" and a.paired is not None:
         return paired_ratio_ci(a.paired[1], a.paired[0], threshold_pct=threshold)
-    return between_separate_runs(ratio_ci(a.step_times_ms, b.step_times_ms, threshold_pct=threshold), b.loads, *a.loads)
+    return between_separate_runs(ratio_ci(a.step_times_ms, b.step_times_ms, threshold_pct=threshold), b.loads, a.loads)
 
 
 def _simplicity(spec: ExperimentSpec | None) -> tuple:
@@ -322,7 +321,6 @@ def _row(exp: Experiment, spec: ExperimentSpec | None, paths: list[str], noise_t
         step_times_ms=summary.step_times_ms,
         paired=summary.paired_rounds(),
         paired_interval=paired_overhead_of(summary, threshold_pct=noise_threshold_pct),
-        host_load=summary.host_load,
         loads=[summary.host_load],
         noise_threshold_pct=noise_threshold_pct,
     )
@@ -350,7 +348,7 @@ def _match_baselines(rows: list[SweepRow], noise_threshold_pct: float) -> dict[s
                 first.step_times_ms = first.step_times_ms + b.step_times_ms
                 first.loads = first.loads + b.loads
                 drift = ratio_ci(own, b.step_times_ms, threshold_pct=noise_threshold_pct)
-                drift = between_separate_runs(drift, b.loads, *first.loads[:1])
+                drift = between_separate_runs(drift, b.loads, first.loads[:1])
                 b.overhead = drift.as_dict() if drift else None
                 b.overhead_text = overhead_words(drift, drift=True)
     return baselines
@@ -380,7 +378,7 @@ def _compare_with_baseline(r: SweepRow, b: SweepRow | None, noise_threshold_pct:
         m["overhead_pct"] = interval.estimate_pct
     elif r.role == "run" and b is not None:
         interval = ratio_ci(b.step_times_ms, r.step_times_ms, threshold_pct=noise_threshold_pct)
-        interval = between_separate_runs(interval, r.loads, *b.loads)
+        interval = between_separate_runs(interval, r.loads, b.loads)
         r.overhead = interval.as_dict() if interval else None
         r.overhead_text = overhead_words(interval, paired=False)
         if interval:
@@ -404,7 +402,7 @@ def _against_compiled_baseline(rows: list[SweepRow], compiled: Mapping[int, Any]
         if r.experiment_id not in compiled or ref is None or ref is r:
             continue
         interval = ratio_ci(ref.step_times_ms, r.step_times_ms, threshold_pct=noise_threshold_pct)
-        interval = between_separate_runs(interval, r.loads, *ref.loads)
+        interval = between_separate_runs(interval, r.loads, ref.loads)
         words = overhead_words(interval, paired=False)
         r.overhead = interval.as_dict() if interval else None
         r.overhead_text = f"{words} against {ref.label}" if words else None

@@ -365,18 +365,17 @@ def separate_runs_not_comparable(a: HostLoad | None, b: HostLoad | None) -> str 
 
 
 def between_separate_runs(
-    interval: RatioInterval | None, a: HostLoad | Sequence[HostLoad | None] | None, *others: HostLoad | None
+    interval: RatioInterval | None, a: Sequence[HostLoad | None], b: Sequence[HostLoad | None]
 ) -> RatioInterval | None:
-    """``interval``, a comparison of the step times of run(s) ``a`` (one run's load, or the
-    loads of every run pooled into one side) with separate runs', marked ``not_comparable``
-    when any pair of loads from the two sides says so (:func:`separate_runs_not_comparable`);
-    None stays None."""
+    """``interval``, a comparison of one side's step times with another's taken in separate
+    runs (``a``, ``b``: the loads of every run pooled into each side), marked
+    ``not_comparable`` when any pair of loads across the sides says so
+    (:func:`separate_runs_not_comparable`); None stays None."""
     if interval is None:
         return None
-    mine = a if isinstance(a, Sequence) else [a]
-    for x in mine:
-        for b in others:
-            why = separate_runs_not_comparable(x, b)
+    for x in a:
+        for y in b:
+            why = separate_runs_not_comparable(x, y)
             if why is not None:
                 return replace(interval, not_comparable=why)
     return interval

@@ -110,7 +110,7 @@ def _load(share: float | None, load_1m: float = 1.0) -> HostLoad:
 def test_separate_runs_are_compared_only_on_a_quiet_host(a, b, comparable):
     why = stats.separate_runs_not_comparable(a, b)
     assert (why is None) is comparable
-    interval = stats.between_separate_runs(ratio_ci(_noisy(10.0, 30, seed=1), _noisy(14.0, 30, seed=2)), a, b)
+    interval = stats.between_separate_runs(ratio_ci(_noisy(10.0, 30, seed=1), _noisy(14.0, 30, seed=2)), [a], [b])
     assert interval.measurable is comparable  # a 40% slowdown, called only where it may be
     if not comparable:
         assert why.startswith("separate runs on a busy host: not comparable (") and interval.not_comparable == why

@@ -104,5 +104,7 @@ def test_under_a_busy_host_two_separate_runs_of_the_same_work_are_not_compared(c
     first, again = (RunSummary.load(_run(strategy="none")) for _ in range(2))
     for run in (first, again):
         assert run.host_load is not None and run.host_load.cpu_share < QUIET_CPU_SHARE, run.host_load
-    drift = between_separate_runs(ratio_ci(first.step_times_ms, again.step_times_ms), again.host_load, first.host_load)
+    drift = between_separate_runs(
+        ratio_ci(first.step_times_ms, again.step_times_ms), [again.host_load], [first.host_load]
+    )
     assert not drift.measurable and drift.not_comparable.startswith("separate runs on a busy host: not comparable")
