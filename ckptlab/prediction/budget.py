@@ -20,14 +20,14 @@ BUDGET_MARGIN = 0.05
 
 def default_budget_bytes(target: Target, capacity_bytes: int | None = None) -> int | None:
     """Strategy ``auto``'s budget on ``target`` when the spec gives none: the capacity
-    (``capacity_bytes``, else the target's) less the CUDA context, the cuBLAS workspace and
+    (``capacity_bytes``, else the target's) less the CUDA context, the cuBLAS workspaces (forward's and backward's) and
     :data:`BUDGET_MARGIN` of the capacity (bytes, at least 1); None without a capacity
-    (``cpu``). Llama-3-8B on ``h100-80gb``: 85,520,809,984 − 600 MiB − 32 MiB − 5% = about
-    75.0 GiB."""
+    (``cpu``). Llama-3-8B on ``h100-80gb``: 85,520,809,984 − 600 MiB − 2 × 32 MiB − 5% =
+    about 75.0 GiB."""
     capacity = capacity_bytes if capacity_bytes is not None else target.capacity_bytes
     if capacity is None:
         return None
-    spare = target.context_bytes + target.cublas_workspace_bytes + int(BUDGET_MARGIN * capacity)
+    spare = target.context_bytes + target.cublas_workspaces_bytes + int(BUDGET_MARGIN * capacity)
     return max(capacity - spare, 1)
 
 

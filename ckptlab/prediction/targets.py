@@ -84,10 +84,15 @@ class Target:
         compute_capability: ``(major, minor)`` for CUDA, None for CPU.
         block_bytes: the allocator's rounding of each block (512 on CUDA, 1 on CPU: the
             tracker's exact storage bytes).
-        cublas_workspace_bytes: what cuBLAS(Lt) takes from the caching allocator on first
-            use (an estimate: PyTorch sizes it per architecture, 32 MiB on sm90, else 4 MiB).
+        cublas_workspace_bytes: what cuBLAS(Lt) takes from the caching allocator on a
+            thread's first matmul (PyTorch sizes it per architecture, 32 MiB on sm90, else
+            4 MiB). PyTorch keeps one workspace per cuBLAS handle and handles are per thread
+            (``aten/src/ATen/cuda/CublasHandlePool.cpp``), so a training step holds two: the
+            caller's (forward) and autograd's device thread's (backward, recomputation
+            included); see :attr:`cublas_workspaces_bytes`.
         context_bytes: the CUDA context and kernels' device memory outside the allocator,
-            as NVML counts it (an estimate, measured cards excepted).
+            as NVML counts it (NVML used less reserved bytes; an estimate, measured cards
+            excepted).
         verified: a ``scripts/gpu-check`` table in docs/benchmarks.md measured this card.
     """
 
@@ -100,6 +105,14 @@ class Target:
     cublas_workspace_bytes: int = 0
     context_bytes: int = 0
     verified: bool = False
+
+    @property
+    def cublas_workspaces_bytes(self) -> int:
+        """The cuBLAS workspaces a training step's allocator holds once forward and backward
+        each ran a matmul (bytes): two, one per thread (see ``cublas_workspace_bytes``);
+        measured on an H200 by ``scripts/gpu-check`` (docs/benchmarks.md, 2026-11-26: every
+        measured peak was one workspace above a one-workspace prediction)."""
+        return 2 * self.cublas_workspace_bytes
 
     def sdpa_backend(self, dtype: str, *, head_dim: int, has_mask: bool) -> SdpaBackend:
         """The backend ``torch.nn.functional.scaled_dot_product_attention`` runs on this
@@ -179,13 +192,16 @@ def target_names() -> list[str]:
 
 CPU_TARGET = register_target(Target("cpu", "this machine's CPU", "cpu", None, None, block_bytes=1))
 _CONTEXT = 600 * MiB  # CUDA 12 context + kernels, NVML-level: an estimate (not measured here)
-for _name, _label, _mib, _cc in (
-    ("h100-80gb", "NVIDIA H100 80GB", 81559, (9, 0)),
-    ("h200-141gb", "NVIDIA H200 141GB", 143771, (9, 0)),
-    ("a100-40gb", "NVIDIA A100 40GB", 40960, (8, 0)),
-    ("a100-80gb", "NVIDIA A100 80GB", 81920, (8, 0)),
-    ("l4-24gb", "NVIDIA L4 24GB", 23034, (8, 9)),
-    ("rtx4090-24gb", "NVIDIA GeForce RTX 4090 24GB", 24564, (8, 9)),
+#: NVML used less reserved bytes on an H200 (driver 580.159, torch 2.11.0+cu130), the same in
+#: 16 of 18 runs of ``scripts/gpu-check`` on 2026-11-26 (an hf llama read 18 MiB more).
+_H200_CONTEXT = 1366 * MiB
+for _name, _label, _mib, _cc, _context, _verified in (
+    ("h100-80gb", "NVIDIA H100 80GB", 81559, (9, 0), _CONTEXT, False),
+    ("h200-141gb", "NVIDIA H200 141GB", 143771, (9, 0), _H200_CONTEXT, True),
+    ("a100-40gb", "NVIDIA A100 40GB", 40960, (8, 0), _CONTEXT, False),
+    ("a100-80gb", "NVIDIA A100 80GB", 81920, (8, 0), _CONTEXT, False),
+    ("l4-24gb", "NVIDIA L4 24GB", 23034, (8, 9), _CONTEXT, False),
+    ("rtx4090-24gb", "NVIDIA GeForce RTX 4090 24GB", 24564, (8, 9), _CONTEXT, False),
 ):
     register_target(
         Target(
@@ -195,6 +211,7 @@ for _name, _label, _mib, _cc in (
             _mib * MiB,
             _cc,
             cublas_workspace_bytes=(32 if _cc >= (9, 0) else 4) * MiB,
-            context_bytes=_CONTEXT,
+            context_bytes=_context,
+            verified=_verified,
         )
     )

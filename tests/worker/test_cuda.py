@@ -40,10 +40,16 @@ def _spec(device: str, overrides: dict):
 
 @pytest.mark.parametrize("name", list(SPECS))
 def test_cuda_activation_bytes_equal_the_cpu_exact_count_within_2_percent(name):
+    """Less the CPU RNG states the CPU count keeps with ``preserve_rng_state`` (5,056 B per
+    checkpoint): on CUDA the stashed RNG states are host tensors, outside the allocator's
+    figures (the first H200 run of this test, 2026-11-26, measured per_block 3.5% under the
+    CPU count: 16 states, 80,896 B)."""
     cpu = run_experiment(_spec("cpu", SPECS[name])).dump()
     cuda = run_experiment(_spec("cuda", SPECS[name])).dump()
-    ratio = cuda["activation_bytes"] / cpu["activation_bytes"]
-    print(f"{name}: cpu {cpu['activation_bytes']} cuda {cuda['activation_bytes']} ratio {ratio:.4f}")
+    assert cuda["rng_state_bytes"] == 0
+    expected = cpu["activation_bytes"] - cpu["rng_state_bytes"]
+    ratio = cuda["activation_bytes"] / expected
+    print(f"{name}: cpu {cpu['activation_bytes']} (rng {cpu['rng_state_bytes']}) cuda {cuda['activation_bytes']}")
     assert 0.98 <= ratio <= 1.02
 
 

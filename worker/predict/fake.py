@@ -47,14 +47,24 @@ from ckptlab.worker.measure.memory import LiveTensorTracker
 from ckptlab.worker.measure.meter import Meter
 from ckptlab.worker.predict.sdpa import SdpaRouter
 
-__all__ = ["FakeSession", "FakeGradScaler", "OpWatch", "fake_failure", "NOMINAL_FLOPS_PER_S", "WORKSPACE_KEY"]
+__all__ = [
+    "FakeSession",
+    "FakeGradScaler",
+    "OpWatch",
+    "fake_failure",
+    "NOMINAL_FLOPS_PER_S",
+    "WORKSPACE_KEY",
+    "BACKWARD_WORKSPACE_KEY",
+]
 
 #: The rate block FLOPs are turned into times at, for strategy ``auto``'s plan (a proxy).
 NOMINAL_FLOPS_PER_S = 1e14
 #: The most elements a tensor keeps its values for (:class:`OpWatch`: values that do not depend on data).
 CONSTANT_NUMEL = 1 << 16
-#: The event-log key of the cuBLAS workspace (never freed).
+#: The event-log key of the cuBLAS workspace of the forward (calling) thread (never freed).
 WORKSPACE_KEY = -1
+#: The event-log key of the cuBLAS workspace of autograd's device thread (never freed).
+BACKWARD_WORKSPACE_KEY = -2
 _aten = torch.ops.aten
 #: Ops that run on cuBLAS on CUDA (matmul and linear decompose into these).
 _CUBLAS = {
@@ -184,7 +194,9 @@ class FakeSession:
         watch: the FLOP counter and cuBLAS watch.
         tracker: the latest meter's tracker (the run's, once it is built).
         events: its allocation log (CUDA targets), else None.
-        matmul_ran: a cuBLAS op ran since the latest meter was made.
+        matmul_ran: a cuBLAS op ran outside backward since the latest meter was made.
+        backward_matmul_ran: one ran inside backward (recomputation included): on CUDA
+            autograd's device thread, whose cuBLAS handle has a workspace of its own.
     """
 
     def __init__(self, target: Target):
@@ -195,18 +207,33 @@ class FakeSession:
         self.tracker: LiveTensorTracker | None = None
         self.events: list[tuple[int, int]] | None = None
         self.matmul_ran = False
+        self.backward_matmul_ran = False
         self._restore = contextlib.ExitStack()
 
     def _matmul(self) -> None:
-        if not self.matmul_ran:
-            self.matmul_ran = True
-            if self.events is not None:  # the workspace's first use: a block of the allocator
-                self.events.append((WORKSPACE_KEY, self.target.cublas_workspace_bytes))
+        if torch._C._current_graph_task_id() != -1:  # inside backward: autograd's thread on CUDA
+            if self.backward_matmul_ran:
+                return
+            self.backward_matmul_ran, key = True, BACKWARD_WORKSPACE_KEY
+        elif self.matmul_ran:
+            return
+        else:
+            self.matmul_ran, key = True, WORKSPACE_KEY
+        if self.events is not None:  # the workspace's first use: a block of the allocator
+            self.events.append((key, self.target.cublas_workspace_bytes))
+
+    @property
+    def workspace_bytes(self) -> int:
+        """The cuBLAS workspaces (bytes) the traced step allocated on a CUDA target: one per
+        thread that ran a matmul (forward, backward); 0 on ``cpu``."""
+        if not self.cuda:
+            return 0
+        return self.target.cublas_workspace_bytes * (int(self.matmul_ran) + int(self.backward_matmul_ran))
 
     def new_meter(self) -> Meter:
         """A meter over a fresh tracker set up for the target (see the module docstring)."""
         self.events = [] if self.cuda else None
-        self.matmul_ran = False
+        self.matmul_ran = self.backward_matmul_ran = False
         self.tracker = LiveTensorTracker(
             block_bytes=self.target.block_bytes, count_rng_states=not self.cuda, events=self.events
         )

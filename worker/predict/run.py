@@ -17,11 +17,12 @@ On a CUDA target they are the fake CPU count adjusted for the target (see
 :mod:`ckptlab.worker.predict.fake`, :mod:`ckptlab.worker.predict.sdpa`,
 :mod:`ckptlab.worker.predict.allocator`): allocations rounded to 512 B, attention's saved
 tensors those of the backend the target picks, no CPU RNG states, the optimizer in its
-``foreach`` form, the cuBLAS workspace added to the allocated bytes once a matmul ran
-(:func:`cublas_adjusted`), reserved bytes from the allocator model, and the CUDA context.
+``foreach`` form, the cuBLAS workspaces added to the allocated bytes (one per thread that
+ran a matmul: forward's, and autograd's in backward; :func:`cublas_adjusted`), reserved
+bytes from the allocator model, and the CUDA context.
 
 Strategy ``auto`` on a CUDA target plans for ``checkpoint.budget_bytes`` less the cuBLAS
-workspace (its profile leaves the workspace out); a request without a budget gets
+workspaces (its profile leaves them out); a request without a budget gets
 :func:`ckptlab.prediction.budget.default_budget_bytes`. Block times are not measurable on fake tensors: the plan
 weighs blocks by their forward FLOPs at :data:`ckptlab.worker.predict.fake.NOMINAL_FLOPS_PER_S`.
 
@@ -40,7 +41,7 @@ Known limitations:
       :mod:`ckptlab.worker.predict.fake`): one prediction per process at a time, and no real
       run beside it (the API runs each in a child process).
     - What differs on a real CUDA device and is not modelled (autocast's op lists, cuDNN
-      workspaces, a second cuBLAS workspace for the backward thread, allocator behaviour
+      workspaces, allocator behaviour
       near the capacity) is listed in each prediction's notes; until ``scripts/gpu-check``
       has measured a card, its figures are unverified.
 """
@@ -244,8 +245,9 @@ def _fake_memory_pass(
 def _plan(spec: ExperimentSpec, strategy: Strategy, session: FakeSession, build: Any) -> tuple[BudgetPlan, int | None]:
     """Strategy ``auto``'s plan from a fake profile, and the profile step's peak (bytes, the
     real engine profiles without checkpointing first). On a CUDA target the planner's
-    budget is the spec's less the cuBLAS workspace, which its profile leaves out; the plan
-    reports the spec's budget and a predicted peak with the workspace.
+    budget is the spec's less the two cuBLAS workspaces (forward's and backward's thread),
+    which its profile leaves out; the plan reports the spec's budget and a predicted peak
+    with the workspaces.
 
     Raises:
         RunError: no plan fits; when the fixed memory alone is over the budget, the message
@@ -253,7 +255,7 @@ def _plan(spec: ExperimentSpec, strategy: Strategy, session: FakeSession, build:
     """
     budget = spec.checkpoint.budget_bytes
     assert budget is not None  # the spec requires it for a planned strategy
-    workspace = session.target.cublas_workspace_bytes if session.cuda else 0
+    workspace = session.target.cublas_workspaces_bytes if session.cuda else 0
     inner = spec.model_copy(
         update={"checkpoint": spec.checkpoint.model_copy(update={"budget_bytes": budget - workspace})}
     )
@@ -262,7 +264,7 @@ def _plan(spec: ExperimentSpec, strategy: Strategy, session: FakeSession, build:
     except RunError as exc:
         raise _no_plan(exc, budget, workspace) from exc
     tracker = session.tracker
-    profile_peak = tracker.high_water_bytes + (workspace if session.matmul_ran else 0) if tracker else None
+    profile_peak = tracker.high_water_bytes + session.workspace_bytes if tracker else None
     peak = planned.plan.predicted_peak_bytes + workspace
     return dataclasses.replace(
         planned, budget_bytes=budget, plan=dataclasses.replace(planned.plan, predicted_peak_bytes=peak)
@@ -274,7 +276,7 @@ def _no_plan(exc: RunError, budget: int, workspace: int) -> RunError:
     memory alone is over it, that memory per parameter and what would change it."""
     details = {**exc.details, "budget_bytes": budget}
     fixed, params = exc.details.get("fixed_bytes"), exc.details.get("param_count")
-    room = f" (less the cuBLAS workspace, {format_bytes(workspace)})" if workspace else ""
+    room = f" (less the cuBLAS workspaces, {format_bytes(workspace)})" if workspace else ""
     if fixed is None or params is None or "smallest_reachable_peak_bytes" in exc.details:
         return RunError(f"{exc}{room}", warnings=exc.warnings, details=details)
     per = fixed / max(params, 1)
@@ -290,9 +292,10 @@ def _no_plan(exc: RunError, budget: int, workspace: int) -> RunError:
 
 
 def cublas_adjusted(summary: RunSummary, workspace_bytes: int) -> RunSummary:
-    """``summary`` with the cuBLAS workspace (bytes) added to its allocated figures, as a
-    CUDA run's allocator counts it from the first matmul on: the peak, and ``other`` at the
-    peak and at the end of forward (every measured step's forward has run a matmul)."""
+    """``summary`` with the cuBLAS workspaces (bytes) added to its allocated figures, as a
+    CUDA run's allocator counts them from the first matmul of each thread on: the peak, and
+    ``other`` at the peak and at the end of forward (from the second step on, both threads'
+    workspaces exist before forward begins)."""
     if not workspace_bytes:
         return summary
     other = MemoryCategory.OTHER.value
@@ -318,7 +321,7 @@ def _as_prediction(summary: RunSummary, facts: Facts) -> RunSummary:
     summary = RunSummary.model_validate(data)
     reserved = None
     if session.cuda:
-        summary = cublas_adjusted(summary, target.cublas_workspace_bytes if session.matmul_ran else 0)
+        summary = cublas_adjusted(summary, session.workspace_bytes)
         reserved = peak_reserved_bytes(session.events or [])
         summary.reserved_bytes = reserved
     summary.prediction = prediction_info(summary, facts, reserved)

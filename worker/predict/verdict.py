@@ -103,10 +103,11 @@ def _method(target: Target) -> str:
         f"{CPU_METHOD}, adjusted for {target.label}: each allocation rounded up to {target.block_bytes} B; "
         "scaled_dot_product_attention routed to the ATen op of the backend the target picks (flash, efficient or "
         "math), whose fake kernels give the tensors it saves for backward; the optimizer in its foreach form; "
-        f"CPU RNG states left out; the cuBLAS workspace ({format_bytes(target.cublas_workspace_bytes)}) added once "
-        "a matmul ran; reserved bytes from a replay of every allocation and free through a model of the CUDA "
-        f"caching allocator; device used = reserved + the CUDA context ({format_bytes(target.context_bytes)}, "
-        "an estimate)"
+        f"CPU RNG states left out; a cuBLAS workspace ({format_bytes(target.cublas_workspace_bytes)}) added for "
+        "each thread that ran a matmul (forward's, and autograd's in backward); reserved bytes from a replay of "
+        "every allocation and free through a model of the CUDA caching allocator;"
+        f" device used = reserved + the CUDA context ({format_bytes(target.context_bytes)}, "
+        f"{'measured by scripts/gpu-check' if target.verified else 'an estimate'})"
     )
 
 
