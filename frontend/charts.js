@@ -323,6 +323,7 @@ export function sweepFigure(name, fig) {
     const bottom = xKeys.length > 1 ? xKeys[xKeys.length - 1] : 'xaxis';
     for (const k of xKeys) layout[k].title = { text: k === bottom ? 'segments' : '' };
   }
+  if (name === 'pareto') layout.xaxis.ticksuffix = '%'; // paired overhead against the baseline
   if (name === 'time_vs_segments') {
     layout.yaxis.rangemode = 'normal';
     layout.yaxis.zeroline = true;

@@ -1,27 +1,114 @@
-/* A plan for a memory budget: submitting one from the form (POST /api/plans) and its page
- * (#/plans/<id>, GET /api/plans/{id}): the plan as the block list with its checkpointed
- * segments, predicted against measured peak with the budget line, peak against step time
- * of every point with the front and the budget, every point in a table, and the server's
- * recommendation. Memory is in binary units everywhere (text, axes, bar labels); step
- * times of separate runs are labelled as such. */
+/* A plan for a memory budget: submitting one from the form (POST /api/plans), with a hint of
+ * the model's un-checkpointed peak (a prediction, on request), and its page (#/plans/<id>,
+ * GET /api/plans/{id}): the model in the title, the plan as the block list with its
+ * checkpointed segments, predicted against measured peak with the budget line, peak against
+ * the paired step-time overhead of every point with the front and the budget
+ * (plan_front.js), every point in a table with the same figures, and the server's
+ * recommendation. Memory is in binary units everywhere (text, axes, bar labels); step times
+ * of separate runs appear only in the table, labelled as such. */
 
 import { drawFitted } from './chart_fit.js';
-import { $, BASELINE, STATUS, api, byteUnit, el, fmtBytes, fmtMs, gradBadge, loadPlotly, modelLabel, statusBadge } from './util.js';
+import { $, BASELINE, STATUS, api, detailText, el, fmtBytes, fmtMs, fmtPct, gradBadge, loadPlotly, modelLabel, statusBadge } from './util.js';
 import { PLOT_CONFIG, baseLayout } from './charts.js';
 import { parseBytes } from './budget.js';
+import { SEPARATE, budgetLine, frontFigure, frontPoints, intervalText, pairedOf, peakAxis, placeLabels, setting, unitOf } from './plan_front.js';
+import { TARGETS, submitPrediction } from './prediction.js';
 
 const POLL_MS = 2000;
 let timer = null;
 let shown = null;
 
-/** The form's summary line in plan mode. */
+/** The form's summary line in plan mode, with the hint of the un-checkpointed peak. */
 export function planSummary(spec, budgetText) {
   const budget = parseBytes(budgetText);
   return el('div', null,
     el('div', { class: 'big' }, el('strong', { id: 'run-count-total' }, '1'), ' plan'),
     el('div', { class: 'muted small' }, `${modelLabel(spec)} · batch ${spec.batch_size ?? '?'} under `,
       budget ? fmtBytes(budget) : 'a budget (type one above)',
-      ': auto, none, per_block and sequential splits, as one sweep'));
+      ': auto, none, per_block and sequential splits, as one sweep'),
+    peakHint(spec, budget));
+}
+
+// ------------------------------------------------------------------ the un-checkpointed peak
+
+/** Predictions of the un-checkpointed step asked for on this page: key -> {pending} | the
+ * prediction (GET /api/predictions/{id}'s body) | {error}. */
+const HINTS = new Map();
+
+/** The target a plan's spec is predicted on: the CPU for a CPU run, else the GPU chosen in
+ * the form's "Will it fit?" row (the first GPU target by default). */
+function hintTarget(spec) {
+  const own = TARGETS.find((t) => t.device === spec.device);
+  if (spec.device === 'cpu' && own) return own.name;
+  const chosen = $('predict-target') && $('predict-target').value;
+  return chosen || (TARGETS.find((t) => t.device !== 'cpu') || TARGETS[0] || {}).name;
+}
+
+/** The spec of the un-checkpointed step: the form's, strategy none. */
+function uncheckpointed(spec) {
+  return { ...spec, checkpoint: { strategy: BASELINE } };
+}
+
+function hintKey(spec, target) {
+  const { checkpoint: _, ...rest } = spec;
+  return JSON.stringify([rest, target]);
+}
+
+/** What the prediction says about budgets: the un-checkpointed peak, the activations in it
+ * (what checkpointing can shrink) and where the typed budget stands. */
+function hintWords(known, budget) {
+  if (known.pending) return ['Predicting the un-checkpointed peak…'];
+  if (known.error) return [`No hint: ${known.error}`];
+  const s = known.summary || {};
+  const peak = s.peak_allocated_bytes;
+  const acts = s.activation_bytes;
+  const link = el('a', { href: `#/predictions/${known.id}` }, `prediction #${known.id}`);
+  const rest = Number.isFinite(acts) ? peak - acts : null;
+  const words = [`Un-checkpointed, a step peaks at about ${fmtBytes(peak)} (`, link, ')',
+    Number.isFinite(acts) ? `, ${fmtBytes(acts)} of it activations, the part checkpointing shrinks` : '',
+    `: a budget under ${fmtBytes(peak)} needs checkpointing`,
+    rest !== null ? `, and none under ${fmtBytes(rest)} can fit (the rest is not activations).` : '.'];
+  if (budget && budget >= peak) words.push(` ${fmtBytes(budget)} is above it: nothing needs checkpointing.`);
+  else if (budget && rest !== null && budget <= rest) words.push(` ${fmtBytes(budget)} is under ${fmtBytes(rest)}: no plan fits.`);
+  return words;
+}
+
+/** Asks for the prediction of the un-checkpointed step, and shows it where the hint is. */
+async function predictPeak(spec, target, key) {
+  HINTS.set(key, { pending: true });
+  showHint(key);
+  let known;
+  try {
+    const r = await submitPrediction(uncheckpointed(spec), target);
+    const failed = r.ok && r.body.status !== STATUS.SUCCEEDED;
+    known = !r.ok ? { error: `the server answered HTTP ${r.status}: ${detailText(r.body)}` }
+      : failed ? { error: r.body.error || `the prediction ${r.body.status}` } : r.body;
+  } catch (_) {
+    known = { error: 'the server did not answer' };
+  }
+  HINTS.set(key, known);
+  showHint(key);
+}
+
+function showHint(key) {
+  const box = $('plan-peak-hint');
+  if (!box || box.dataset.key !== key) return; // the form has moved on to another spec
+  box.replaceChildren(...hintWords(HINTS.get(key), parseBytes($('plan-budget').value)));
+}
+
+/** The hint under the plan's summary: the prediction of the un-checkpointed peak once asked
+ * for (it takes a few seconds and is stored as a prediction), else the button to ask. */
+function peakHint(spec, budget) {
+  const target = hintTarget(spec);
+  const key = hintKey(spec, target);
+  const box = el('div', { class: 'small plan-hint', id: 'plan-peak-hint', role: 'status', dataset: { key } });
+  const known = HINTS.get(key);
+  if (known) box.append(...hintWords(known, budget));
+  else if (target) {
+    box.append('Which budgets matter? ', el('button', { type: 'button', class: 'secondary small', id: 'plan-predict-peak',
+      onclick: () => predictPeak(spec, target, key) }, 'Predict the un-checkpointed peak'));
+  }
+  return box;
 }
 
 /**
@@ -59,34 +146,6 @@ function blockDiagram(plan) {
       : 'No block needs checkpointing for this budget.'));
 }
 
-/** Raw step times of a plan's runs: each measured in its own run, one after another. */
-const SEPARATE = 'separate runs, not comparable on a busy host';
-/** Axis numbers as numbers: no SI letters ("115M"), thousands separated. */
-const NUMBERS = { exponentformat: 'none', separatethousands: true };
-
-const setting = (p) => p.label.replace('strategy=', '');
-
-/** [divisor, name] of the binary unit that suits the plan's largest peak or its budget. */
-function unitOf(v) {
-  const bytes = v.points.flatMap((p) => [p.peak_allocated_bytes, p.predicted_peak_bytes]).filter(Number.isFinite);
-  return byteUnit(Math.max(v.budget_bytes, ...bytes));
-}
-
-/** The budget as a dashed line across the plot, named at its right end. */
-function budgetLine(v, [div]) {
-  const y = v.budget_bytes / div;
-  return {
-    shapes: [{ type: 'line', xref: 'paper', x0: 0, x1: 1, y0: y, y1: y, line: { color: '#D55E00', dash: 'dash', width: 2 } }],
-    annotations: [{ xref: 'paper', x: 1, xanchor: 'right', y, yanchor: 'bottom', showarrow: false,
-      text: `budget ${fmtBytes(v.budget_bytes)}`, font: { size: 11.5, color: '#A04000' }, bgcolor: 'rgba(255,255,255,0.85)' }],
-  };
-}
-
-/** A linear axis in `unit` from 0 to a little above `top` (room for the labels above it). */
-function peakAxis([, name], top, title = 'peak') {
-  return { ...baseLayout().yaxis, ...NUMBERS, title: { text: `${title} (${name})` }, range: [0, top * 1.15] };
-}
-
 /** Predicted and measured peak of the auto run against the budget, each bar with its number. */
 function peakFigure(v, unit) {
   const auto = v.points.find((p) => p.predicted_peak_bytes !== null && p.predicted_peak_bytes !== undefined);
@@ -103,50 +162,51 @@ function peakFigure(v, unit) {
   };
 }
 
-/** Peak against step time of every measured point: the front joined, over-budget points grey.
- * Each point's setting is written beside it, towards the middle of the plot (inside it). */
-function frontFigure(v, unit) {
-  const div = unit[0];
-  const done = v.points.filter((p) => p.peak_allocated_bytes !== null && p.step_time_ms !== null);
-  const front = done.filter((p) => p.on_front).sort((a, b) => a.step_time_ms - b.step_time_ms);
-  const xs = done.map((p) => p.step_time_ms);
-  const [lo, hi] = [Math.min(...xs), Math.max(...xs)];
-  const pad = (hi - lo) * 0.08 || Math.abs(hi) * 0.1 || 1;
-  const top = Math.max(v.budget_bytes, ...done.map((p) => p.peak_allocated_bytes)) / div;
-  return {
-    data: [
-      { type: 'scatter', mode: 'lines', x: front.map((p) => p.step_time_ms), y: front.map((p) => p.peak_allocated_bytes / div), name: 'front', line: { color: '#009E73' } },
-      { type: 'scatter', mode: 'markers+text', name: 'runs', x: xs, y: done.map((p) => p.peak_allocated_bytes / div),
-        text: done.map(setting), textposition: xs.map((x) => (x <= (lo + hi) / 2 ? 'middle right' : 'middle left')), cliponaxis: false,
-        customdata: done.map((p) => fmtBytes(p.peak_allocated_bytes)), hovertemplate: '%{text}: %{x:.1f} ms, peak %{customdata}<extra></extra>',
-        marker: { size: 10, color: done.map((p) => (p.fits ? '#0072B2' : '#BBBBBB')) } },
-    ],
-    layout: baseLayout({ title: { text: 'Peak against step time (grey: over the budget)' },
-      xaxis: { ...baseLayout().xaxis, ...NUMBERS, title: { text: `step time, ms (${SEPARATE})` }, range: done.length ? [lo - pad, hi + pad] : undefined },
-      yaxis: peakAxis(unit, top, 'peak allocated'), ...budgetLine(v, unit) }),
-  };
-}
-
-/** Every point: setting, status, peak and fit, its overhead as the API measured it (with its
- * interval and how it was measured), the raw step time labelled as separate runs, gradients. */
+/** Every point: setting, status, peak (the auto run's prediction beside it) and fit, its
+ * paired overhead with its interval as the chart draws it (an unpaired point's overhead in
+ * the server's words, which say how it was measured), the raw step time labelled as
+ * separate runs, and the gradient check. */
 function pointsTable(v) {
   const rec = v.recommendation && v.recommendation.experiment_id;
-  const heads = ['setting', 'status', 'peak', `budget ${fmtBytes(v.budget_bytes)}`, 'step time overhead against none (95% CI)',
-    `median step time (${SEPARATE})`, 'gradient check'];
+  const heads = ['setting', 'status', 'peak', `budget ${fmtBytes(v.budget_bytes)}`,
+    `step-time overhead over ${BASELINE}, paired in one process (95% CI)`, `median step time (${SEPARATE})`, 'gradient check'];
   const fit = (p) => (p.fits === true ? el('span', { class: 'fit yes' }, 'fits')
     : p.fits === false ? el('span', { class: 'fit no' }, `over by ${fmtBytes(p.peak_allocated_bytes - v.budget_bytes)}`) : '—');
+  const overhead = (p) => {
+    const o = pairedOf(p);
+    const guess = p.predicted_overhead ? el('div', { class: 'muted small' }, `predicted ${fmtPct(p.predicted_overhead.estimate_pct)}`) : null;
+    if (o && p.status === STATUS.SUCCEEDED) return [intervalText(o), p.on_front ? el('div', { class: 'muted small' }, 'on the measured front') : null, guess];
+    if (p.status !== STATUS.SUCCEEDED) return '—';
+    return [p.overhead_text ?? '—', el('div', { class: 'muted small' }, 'not paired: not on the chart')];
+  };
+  const peak = (p) => [fmtBytes(p.peak_allocated_bytes),
+    Number.isFinite(p.predicted_peak_bytes) ? el('div', { class: 'muted small' }, `predicted ${fmtBytes(p.predicted_peak_bytes)}`) : null];
   const rows = v.points.map((p) => el('tr', { dataset: { id: p.experiment_id }, class: p.experiment_id === rec ? 'recommended' : null },
     el('td', { class: 'wrap' }, el('a', { href: `#/experiments/${p.experiment_id}` }, setting(p)),
       p.experiment_id === rec ? el('span', { class: 'tag tag-rec' }, '★ recommended') : null),
     el('td', null, statusBadge(p.status)),
-    el('td', { class: 'num' }, fmtBytes(p.peak_allocated_bytes)),
+    el('td', { class: 'num' }, peak(p)),
     el('td', null, fit(p)),
-    el('td', { class: 'wrap' }, p.strategy === BASELINE ? 'the baseline' : p.overhead_text ?? '—'),
+    el('td', { class: 'wrap overhead' }, overhead(p)),
     el('td', { class: 'num' }, fmtMs(p.step_time_ms)),
     el('td', null, p.status === STATUS.SUCCEEDED && p.strategy !== BASELINE ? gradBadge(p.gradients_match, null) : '—')));
   return el('table', { class: 'data', id: 'plan-points' },
     el('thead', null, el('tr', null, heads.map((h, i) => el('th', { scope: 'col', class: i === 2 || i === 5 ? 'num' : null }, h)))),
     el('tbody', null, rows));
+}
+
+/** Under the front: the measured points it cannot draw (timed unpaired), named. */
+function frontNote(v) {
+  const { paired, unpaired } = frontPoints(v);
+  const gd = $('plan-chart-front');
+  let note = $('plan-front-note');
+  if (!note) {
+    note = el('p', { id: 'plan-front-note', class: 'muted small' });
+    gd.after(note);
+  }
+  const off = unpaired.length
+    ? `Not drawn, timed unpaired (their overheads come from separate runs, see the table): ${unpaired.map(setting).join(', ')}.` : '';
+  note.textContent = paired.length ? off : 'The front appears as the runs finish.';
 }
 
 /** Where the plan stands while it is not finished: running, or queued with its place (that of
@@ -169,7 +229,7 @@ async function render(id) {
     return;
   }
   const v = r.body;
-  $('plan-title').textContent = v.name;
+  $('plan-title').textContent = v.model && !v.name.includes(v.model) ? `${v.name} · ${v.model}` : v.name;
   const measured = v.points.filter((p) => p.peak_allocated_bytes !== null).length;
   const state = v.finished ? '' : ` · ${await pending(v)}`;
   if (shown !== id) return;
@@ -183,8 +243,10 @@ async function render(id) {
   $('plan-points-box').replaceChildren(pointsTable(v));
   await loadPlotly();
   const unit = unitOf(v);
-  await Promise.all([['plan-chart-peak', peakFigure(v, unit)], ['plan-chart-front', frontFigure(v, unit)]]
+  frontNote(v);
+  const [, front] = await Promise.all([['plan-chart-peak', peakFigure(v, unit)], ['plan-chart-front', frontFigure(v, unit)]]
     .map(([node, fig]) => drawFitted(node, fig, PLOT_CONFIG)));
+  if (shown === id) await placeLabels(front);
   if (!v.finished && shown === id) timer = setTimeout(() => render(id), POLL_MS);
 }
 

@@ -5,6 +5,7 @@
 import {
   $, STATUS, TERMINAL, api, debounce, detailText, el, fmtBytes, fmtDiff, fmtInt, fmtMs, fmtPct, gradBadge, loadPlotly, parseHash, setHashParams, statusBadge,
 } from './util.js';
+import { SEPARATE_RUNS, markPicks, overheadParts, pickLine, rankOf } from './sweep_picks.js';
 import { LiveStream, liveBadge } from './live.js';
 import { shortName, valueText, num, renderProgress, renderHeader } from './sweep_header.js';
 import { PLOT_CONFIG, sweepFigure } from './charts.js';
@@ -35,8 +36,9 @@ function columns(axes) {
     { key: 'saving', label: 'saved', num: true, pct: true, get: (r) => r.metrics.activation_saving_pct },
     { key: 'peak', label: 'peak', num: true, bytes: true, get: (r) => r.metrics.peak_allocated_bytes },
     { key: 'recompute', label: 'recompute peak', num: true, bytes: true, get: (r) => r.metrics.recompute_peak_bytes },
-    { key: 'time', label: 'step time', num: true, get: (r) => r.metrics.step_time_ms },
-    { key: 'overhead', label: 'overhead', num: true, pct: true, get: (r) => r.metrics.overhead_pct },
+    { key: 'time', label: 'step time (own run)', title: `each run's own median: ${SEPARATE_RUNS}`, num: true, get: (r) => r.metrics.step_time_ms },
+    // Sorted by the server's ranking (the recommendation's order), shown as the overhead.
+    { key: 'overhead', label: 'overhead (95% CI)', title: 'against its baseline, paired in one process where timed so; sorts by the recommendation\'s ranking', num: true, get: (r) => rankOf(cur.rec && cur.rec.server).get(r.experiment_id) },
     { key: 'grad', label: 'gradients', num: false, get: (r) => r.metrics.grad_max_abs_diff },
   );
   return cols;
@@ -68,7 +70,7 @@ function renderTable() {
   });
   const table = $('sweep-runs');
   table.tHead.replaceChildren(el('tr', null, cols.map((x) => el('th', {
-    scope: 'col', class: x.num ? 'num' : null, dataset: { sort: x.key },
+    scope: 'col', class: x.num ? 'num' : null, dataset: { sort: x.key }, title: x.title || null,
     'aria-sort': x.key === col.key ? (desc ? 'descending' : 'ascending') : 'none', tabindex: 0,
   }, x.label)), el('th', { scope: 'col' }, 'budget')));
   const rec = c.rec || {};
@@ -78,6 +80,7 @@ function renderTable() {
     const classes = ['clickable'];
     if (rec.recommended && rec.recommended.experiment_id === r.experiment_id) classes.push('recommended');
     if (rec.smallest && rec.smallest.experiment_id === r.experiment_id) classes.push('smallest');
+    const rank = rankOf(rec.server).get(r.experiment_id);
     if (fits === false) classes.push('over-budget');
     if (fits === true) classes.push('fits');
     if (r.role === 'baseline') classes.push('baseline');
@@ -91,23 +94,21 @@ function renderTable() {
           r.status === STATUS.SUCCEEDED && num(v) ? el('span', { class: 'muted small' }, ` ${fmtDiff(v)}`) : '');
       }
       if (x.bytes) return el('td', { class: 'num', title: num(v) !== null ? `${fmtInt(v)} bytes` : null }, fmtBytes(v));
-      if (x.key === 'overhead' && r.repeat_of != null) { // a baseline's second run: its drift from the first
-        const drift = !r.overhead ? '—' : r.overhead.measurable ? `drift ${fmtPct(r.overhead.estimate_pct)}` : 'no measurable drift';
-        return el('td', { class: 'num muted', title: r.overhead_text }, drift);
+      if (x.key === 'overhead') { // paired overhead and its CI; a drift for a baseline's second run
+        const o = overheadParts(r);
+        const muted = r.role === 'baseline' || !r.overhead || !r.overhead.measurable ? ' muted' : '';
+        return el('td', { class: `num wrap${muted}`, title: o.title }, o.main, o.ci ? el('span', { class: 'small muted ci' }, ` ${o.ci}`) : '');
       }
-      if (x.key === 'overhead' && r.overhead && !r.overhead.measurable) {
-        return el('td', { class: 'num muted wrap', title: r.overhead_text }, 'no measurable difference');
-      }
-      if (x.pct) return el('td', { class: 'num', title: x.key === 'overhead' ? r.overhead_text : null }, r.role === 'baseline' ? '—' : fmtPct(v));
-      if (x.key === 'time') return el('td', { class: 'num' }, fmtMs(v));
+      if (x.pct) return el('td', { class: 'num' }, r.role === 'baseline' ? '—' : fmtPct(v));
+      if (x.key === 'time') return el('td', { class: 'num muted', title: `${fmtMs(v)}: ${SEPARATE_RUNS}` }, fmtMs(v));
       return el('td', null, valueText(v));
     });
     const tags = [];
     if (classes.includes('recommended')) tags.push(el('span', { class: 'tag tag-rec' }, '★ recommended'));
-    if (classes.includes('smallest')) tags.push(el('span', { class: 'tag tag-small', title: `smallest peak within ${fmtPct(c.overhead)} of the fastest step time` }, `smallest ≤${fmtPct(c.overhead)}`));
+    if (classes.includes('smallest')) tags.push(el('span', { class: 'tag tag-small', title: `smallest peak whose overhead against its baseline is at most ${fmtPct(c.overhead)}` }, `smallest ≤${fmtPct(c.overhead)}`));
     const budgetCell = el('td', { class: 'budget-cell wrap' },
       fits === true ? el('span', { class: 'fit yes' }, 'fits') : fits === false ? el('span', { class: 'fit no' }, 'over') : '', ...tags);
-    return el('tr', { dataset: { id: r.experiment_id }, class: classes.join(' '), title: r.label }, cells, budgetCell);
+    return el('tr', { dataset: { id: r.experiment_id, rank: rank ?? '' }, class: classes.join(' '), title: r.label }, cells, budgetCell);
   }));
 }
 
@@ -119,17 +120,6 @@ function readInputs() {
   const overheadRaw = $('overhead').value.trim();
   const overhead = overheadRaw === '' ? null : Number(overheadRaw);
   return { raw, budget, overhead: Number.isFinite(overhead) ? overhead : null };
-}
-
-function pickLine(row, extra) {
-  const m = row.metrics;
-  return [
-    el('a', { href: `#/experiments/${row.experiment_id}`, class: 'pick-label' }, row.role === 'baseline' ? 'no checkpointing (baseline)' : row.label),
-    el('span', { class: 'pick-stats' },
-      `peak ${fmtBytes(m.peak_allocated_bytes)} · ${fmtMs(m.step_time_ms)}/step`,
-      row.role === 'baseline' ? '' : ` (${fmtPct(m.overhead_pct)} time, ${fmtPct(-(m.activation_saving_pct ?? NaN))} activations)`,
-      extra ? ` · ${extra}` : ''),
-  ];
 }
 
 let recTicket = 0;
@@ -189,15 +179,17 @@ async function renderRecommendation() {
       `${differ} configuration${differ > 1 ? 's are' : ' is'} never recommended: gradients differ from the run without checkpointing.`));
   }
   recBox.dataset.id = rec.recommended ? rec.recommended.experiment_id : '';
+  const within = `within ${fmtPct(overhead)} overhead of its baseline`;
   if (overhead === null || !server || !server.considered.length) smallBox.replaceChildren();
   else if (!rec.smallest) {
-    smallBox.replaceChildren(el('span', { class: 'pick-title' }, `Smallest within ${fmtPct(overhead)} of the fastest`),
-      el('span', { class: 'muted' }, 'no configuration qualifies'));
+    smallBox.replaceChildren(el('span', { class: 'pick-title' }, `Smallest peak ${within}`),
+      el('span', { class: 'muted' }, `none: no ${rec.fitting ? 'fitting ' : ''}configuration's overhead estimate is at most ${fmtPct(overhead)}`));
   } else {
-    smallBox.replaceChildren(el('span', { class: 'pick-title' }, `Smallest peak within ${fmtPct(overhead)} of the fastest`), ...pickLine(rec.smallest));
+    smallBox.replaceChildren(el('span', { class: 'pick-title' }, `Smallest peak ${within}`), ...pickLine(rec.smallest));
   }
   smallBox.dataset.id = rec.smallest ? rec.smallest.experiment_id : '';
   renderTable();
+  markCharts();
 }
 
 // ------------------------------------------------------------------ data
@@ -217,6 +209,16 @@ async function drawCharts(figs) {
     if (!figs[i] || card?.hidden) return null;
     return drawFitted(id, sweepFigure(name, figs[i]), PLOT_CONFIG);
   }));
+  if (c === cur) markCharts();
+}
+
+/** The card's picks marked on the charts (their points carry experiment ids). */
+function markCharts() {
+  const rec = cur && cur.rec;
+  markPicks(CHARTS.map(([, id]) => id), {
+    recommended: rec && rec.recommended ? rec.recommended.experiment_id : null,
+    smallest: rec && rec.smallest ? rec.smallest.experiment_id : null,
+  });
 }
 
 /** Re-reads the sweep, its results and its charts (coalesced: one load at a time). */

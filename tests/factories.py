@@ -176,6 +176,42 @@ SHARDED_MODELS: dict[str, dict[str, Any]] = {
 }
 
 
+#: Small models of six kinds for checks of ``auto`` against per_block, as ``make_spec``
+#: overrides (each run well under a second on an idle CPU): an MLP with dropout (whose
+#: checkpoints keep RNG states), the built-in transformer, a DenseNet and tiny Hugging Face
+#: GPT-2 (its forward frees more of its stem's tensors than its head's backward leaves:
+#: issue 31), Llama and ViT.
+PLANNER_MODELS: dict[str, dict[str, Any]] = {
+    "mlp": {"model": {"kind": "mlp", "depth": 8, "width": 256, "dropout": 0.1}, "batch_size": 256},
+    "transformer": {
+        "model": {"kind": "transformer", "depth": 4, "d_model": 64, "heads": 4, "seq_len": 64, "vocab_size": 500},
+        "batch_size": 4,
+    },
+    "densenet": {
+        "model": {"kind": "densenet", "depth": 4, "growth_rate": 8, "bn_size": 2, "image_size": 16},
+        "batch_size": 8,
+    },
+    "hf-gpt2": {"model": hf_model("gpt2", seq_len=64), "batch_size": 4},
+    "hf-llama": {"model": hf_model("llama", seq_len=64), "batch_size": 4},
+    "hf-vit": {"model": hf_model("vit"), "batch_size": 8},
+}
+
+#: Issue 31's Hugging Face GPT-2 (4 layers, hidden 128, 4 heads, seq_len 256, vocab 1000,
+#: batch 4, fp32, CPU), as ``make_spec`` overrides: per_block measures 48,845,980 B there.
+ISSUE31_GPT2: dict[str, Any] = {
+    "model": {
+        "kind": "hf",
+        "architecture": "gpt2",
+        "hidden_size": 128,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "seq_len": 256,
+        "vocab_size": 1000,
+    },
+    "batch_size": 4,
+}
+
+
 def sharded_spec(model: str, strategy: str, kind: str = "fsdp2", world_size: int = 2, **distributed: Any):
     """A sharded spec of :data:`SHARDED_MODELS`: batch 4 per rank, 3 memory and 2 timed
     steps, non-reentrant checkpointing (``auto``: a 1 GiB budget)."""
@@ -226,3 +262,21 @@ def corrupt(session: Any, table: str, row_id: int, column: str, value: str | Non
     session.execute(text(f"UPDATE {table} SET {column} = {literal} WHERE id = :id"), {"id": row_id})
     session.commit()
     return value
+
+
+def paired_summary(estimate: float, low: float, high: float) -> dict[str, Any]:
+    """A run summary's paired-timing fields (merge into a summary dict): the stored
+    ``paired_overhead`` (%, its 95% CI, 20 rounds on CPU time) and rounds that agree with it
+    (baseline 100 ms, the run ``100 + estimate`` ms)."""
+    return {
+        "paired_overhead": {
+            "estimate_pct": estimate,
+            "low_pct": low,
+            "high_pct": high,
+            "rounds": 20,
+            "clock": "CPU time",
+        },
+        "paired_baseline_step_times_ms": [100.0] * 20,
+        "paired_baseline_cpu_ms": [100.0] * 20,
+        "step_cpu_ms": [100.0 + estimate] * 20,
+    }

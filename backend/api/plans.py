@@ -56,8 +56,8 @@ def create_plan(session: SessionDep, settings: SettingsDep, body: PlanCreate) ->
     if auto is None:  # the base spec itself cannot run: its errors, where they are
         errs = next((i["errors"] for i in plan.invalid if i["values"].get("checkpoint.strategy") == plans.PLANNED), [])
         raise RequestValidationError([{**e, "loc": _located(["base", *e["loc"]])} for e in errs])
-    model = auto.spec.model
-    name = body.name or f"plan: {model.kind} under {format_bytes(int(body.budget))}"
+    model = plans.model_label(auto.spec.model.model_dump(mode="json"))
+    name = body.name or f"plan: {model} under {format_bytes(int(body.budget))}"
     sweep = store.create_sweep(session, name=name, base=base, axes=axes, plan=plan)
     return _verdict(session, settings, sweep.id)
 
@@ -70,8 +70,10 @@ def create_plan(session: SessionDep, settings: SettingsDep, body: PlanCreate) ->
     summary="A plan's verdict",
 )
 def get_plan(session: SessionDep, settings: SettingsDep, plan_id: SweepId) -> PlanPublic:
-    """Every point with its peak, step time and overhead, whether it fits the budget, the
-    time-vs-peak front, the auto run's plan (predicted peak beside the measured one) and
-    the recommendation for the budget (the same one ``GET /api/sweeps/{id}/recommendation``
-    gives)."""
+    """Every point with its peak, step time and overhead (its paired overhead over the
+    un-checkpointed copy it was timed with, where its timing was paired), whether it fits
+    the budget, the front of paired overhead against peak, the model, the auto run's plan
+    (predicted peak beside the measured one; the planner's predicted front where it gives
+    one) and the recommendation for the budget (the same one ``GET
+    /api/sweeps/{id}/recommendation`` gives)."""
     return _verdict(session, settings, plan_id)

@@ -32,7 +32,7 @@ from ckptlab.backend.schemas import (
 )
 from ckptlab.backend.services import charts, exports, streams
 from ckptlab.backend.services import sweeps as sweep_reads
-from ckptlab.backend.services.recommend import recommend
+from ckptlab.backend.services.recommend import rank_rows, recommend
 from ckptlab.backend.services.responses import CSV_RESPONSE, SSE_RESPONSE, WRITE_RESPONSES
 from ckptlab.db import queue, store
 from ckptlab.db.models import Experiment, Sweep
@@ -221,11 +221,15 @@ def sweep_results(
         Format, Query(description="csv: one row per experiment, one column per axis and metric")
     ] = "json",
 ):
-    """One row per experiment: role (baseline or run), axis values, its baseline, and the
-    numbers compared (activation and peak bytes, step time, overhead and saving against the
-    baseline in %, gradient difference)."""
+    """One row per experiment: role (baseline or run), axis values, its baseline, its rank
+    by overhead (the recommendation's ranking), and the numbers compared (activation and
+    peak bytes, overhead against the baseline in % with its 95% CI: paired with an
+    un-checkpointed copy in one process where timed so, saving in %, gradient difference).
+    The run's own step times (ms) are labelled as separate runs, not comparable on a busy
+    host (the CSV's column names say so, the JSON's ``raw_times``)."""
     sweep = _get_or_404(session, sweep_id)
     rows = sweep_reads.sweep_rows(sweep, noise_threshold_pct=settings.noise_threshold_pct)
+    rank_rows(rows)
     if format == "csv":
         return exports.csv_response(
             [exports.sweep_result_record(r) for r in rows], filename=f"sweep-{sweep.id}-results.csv"
@@ -270,15 +274,21 @@ def sweep_recommendation(
     within_pct: Annotated[
         float | None,
         Query(
-            ge=0, le=1_000_000, description="also name the smallest setting within this % of the fastest's step time"
+            ge=0,
+            le=1_000_000,
+            description="also name the smallest setting whose overhead against its baseline is at most this % "
+            "(its estimate)",
         ),
     ] = None,
 ) -> RecommendationPublic:
     """A setting is better than its baseline only when its peak and activations are lower by
-    more than 1% (and 4 KiB) and its gradients do not differ; step times differ only when
-    the 95% CI of their ratio excludes 0 and the estimate reaches the server's noise
-    threshold, and ties go to the simpler setting. Says why, and says so when nothing beats
-    the baseline."""
+    more than 1% (and 4 KiB) and its gradients do not differ. Time is the overhead against
+    the run's own baseline (paired with an un-checkpointed copy in one process where timed
+    so), never raw step times of separate runs; ``ranking`` orders the candidates by the
+    high end of its 95% CI (then peak, then the simpler setting), and the budget's pick is
+    the first that fits: no fitting setting is measurably faster. ``smallest_within``: the
+    lowest peak whose overhead estimate is at most ``within_pct``. Says why, and says so
+    when nothing beats the baseline."""
     sweep = _get_or_404(session, sweep_id)
     rows = sweep_reads.sweep_rows(sweep, noise_threshold_pct=settings.noise_threshold_pct)
     rec = recommend(rows, budget_bytes=budget_bytes, within_pct=within_pct)

@@ -6,12 +6,12 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ByteSize, ConfigDict, Field, StringConstraints, field_validator
 
-from ckptlab.backend.schemas.common import examples
+from ckptlab.backend.schemas.common import OverheadPublic, examples
 from ckptlab.backend.schemas.sweeps import RecommendationPublic
 from ckptlab.spec.experiment import MAX_MEMORY_LIMIT_BYTES, find_unstorable
 from ckptlab.spec.presets import EXAMPLE_SWEEP
 
-__all__ = ["PlanCreate", "PlanPointPublic", "PlanPublic"]
+__all__ = ["PlanCreate", "PlanPointPublic", "PredictedPointPublic", "PredictedOverheadPublic", "PlanPublic"]
 
 
 def _budget_bounds(schema: dict[str, Any]) -> None:
@@ -62,6 +62,28 @@ class PlanCreate(BaseModel):
         return value
 
 
+class PredictedOverheadPublic(BaseModel):
+    """A predicted step-time overhead over the un-checkpointed step, %, with its interval
+    where the planner gives one."""
+
+    estimate_pct: float
+    low_pct: float | None = None
+    high_pct: float | None = None
+
+
+class PredictedPointPublic(BaseModel):
+    """One point of the front the planner predicted: the plan it would choose for a budget,
+    its predicted peak and overhead."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+    peak_bytes: int = Field(description="predicted peak allocated bytes")
+    overhead_pct: float | None = Field(description="predicted step-time overhead over the un-checkpointed step, %")
+    overhead_low_pct: float | None = None
+    overhead_high_pct: float | None = None
+    budget_bytes: int | None = Field(None, description="the budget this plan is the planner's answer for")
+
+
 class PlanPointPublic(BaseModel):
     """One run of a plan: its label, strategy, peak and step time, and whether it fits."""
 
@@ -78,8 +100,19 @@ class PlanPointPublic(BaseModel):
     gradients_match: bool | None = Field(
         None, description="its gradients match the un-checkpointed step's (null: not verified, or the baseline)"
     )
-    on_front: bool = Field(description="no other run is both faster and lower in peak")
+    on_front: bool = Field(
+        description="no other run with a paired overhead (the baseline's is 0) is both lower in it and in peak"
+    )
     predicted_peak_bytes: int | None = Field(None, description="the auto run's predicted peak")
+    paired_overhead: OverheadPublic | None = Field(
+        None,
+        description="step-time overhead over the un-checkpointed copy timed round by round in the same process "
+        "(95% CI); null for the baseline and for runs timed unpaired (torch.compile's, sharded ones)",
+    )
+    overhead_clock: str | None = Field(None, description="the clock of the paired rounds: CPU time or wall time")
+    predicted_overhead: PredictedOverheadPublic | None = Field(
+        None, description="the auto run's overhead as its plan predicted it, where the planner gives one"
+    )
 
 
 class PlanPublic(BaseModel):
@@ -89,6 +122,7 @@ class PlanPublic(BaseModel):
         {
             "sweep_id": 3,
             "name": "plan: mlp 8×64 under 2.0 MiB",
+            "model": "mlp 8×64",
             "budget_bytes": 2097152,
             "finished": True,
             "points": [],
@@ -104,3 +138,8 @@ class PlanPublic(BaseModel):
     points: list[PlanPointPublic]
     plan: dict[str, Any] | None = Field(description="the auto run's plan: segments [start, end, checkpointed], ...")
     recommendation: RecommendationPublic | None
+    model: str = Field("", description="the model planned for, in one line (its kind's label: 'mlp 8×64')")
+    predicted_front: list[PredictedPointPublic] = Field(
+        default_factory=list,
+        description="the front the planner predicted (plan.front), lowest peak first; [] when it gives none",
+    )

@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
+from ckptlab.analysis.stats import SEPARATE_RUNS
 from ckptlab.backend.schemas.common import (
     CORRUPT_DESCRIPTION,
     EXAMPLE_SUMMARY,
@@ -227,6 +228,14 @@ class SweepsPublic(BaseModel):
     count: int
 
 
+#: What the results' millisecond figures are (``SweepResultsPublic.raw_times``).
+RAW_TIMES_NOTE = (
+    f"step_time_ms, forward_ms, backward_ms and optimizer_ms are each run's own medians: {SEPARATE_RUNS}. "
+    "Compare settings by overhead (against an un-checkpointed copy timed in the same process, where paired) "
+    "and rank"
+)
+
+
 class SweepResultPublic(BaseModel):
     """One row of a sweep's results: axis values and the numbers compared."""
 
@@ -262,7 +271,8 @@ class SweepResultPublic(BaseModel):
     )
     metrics: dict[str, float | None] = Field(
         description="activation_bytes, peak_allocated_bytes, recompute_peak_bytes (bytes); step_time_ms, "
-        "forward_ms, backward_ms, optimizer_ms (ms); grad_max_abs_diff, loss_diff, final_loss; "
+        f"forward_ms, backward_ms, optimizer_ms (ms, medians of this run's own steps: {SEPARATE_RUNS}); "
+        "grad_max_abs_diff, loss_diff, final_loss; "
         "overhead_pct (step time over the baseline's, %) with overhead_low_pct / overhead_high_pct (its 95% CI); "
         "activation_saving_pct, peak_saving_pct (%); activation_bytes_at_peak, reference_activation_bytes. "
         "null when unknown."
@@ -282,6 +292,11 @@ class SweepResultPublic(BaseModel):
     findings: list[str] = Field(default_factory=list, description="codes of settings that do nothing or backfire")
     peak_phase: str | None = Field(None, description="forward, backward or optimizer")
     peak_explanation: str | None = Field(None, description="where the peak is and what could shrink it")
+    rank: int | None = Field(
+        None,
+        description="its place among the candidates by overhead, 1 = fastest (the recommendation's ranking); "
+        "null for a run that is no candidate (not succeeded, gradients differ, a baseline's second run)",
+    )
 
 
 class SweepResultsPublic(BaseModel):
@@ -290,6 +305,9 @@ class SweepResultsPublic(BaseModel):
     sweep_id: int
     axes: list[str]
     data: list[SweepResultPublic]
+    raw_times: str = Field(
+        RAW_TIMES_NOTE, description="what the metrics' millisecond figures are, and what to compare instead"
+    )
 
 
 class ChartPublic(BaseModel):
@@ -360,11 +378,16 @@ class ExcludedRow(BaseModel):
 
 
 class SmallestWithin(BaseModel):
-    """The lowest-peak setting whose step time is within ``within_pct`` % of the fastest's."""
+    """The lowest-peak setting whose overhead against its own baseline is at most
+    ``within_pct`` % (its estimate; a baseline's is 0), with that overhead and its 95% CI."""
 
     experiment_id: int
     label: str
     within_pct: float
+    overhead_pct: float | None = Field(None, description="its overhead against its baseline, %: the estimate")
+    overhead_low_pct: float | None = Field(None, description="95% CI, low end, %")
+    overhead_high_pct: float | None = Field(None, description="95% CI, high end, %")
+    overhead_text: str | None = Field(None, description="the overhead in words, with its CI and how it was timed")
 
 
 class RecommendationPublic(BaseModel):
@@ -374,11 +397,13 @@ class RecommendationPublic(BaseModel):
         {
             "experiment_id": 4,
             "label": "segments=4",
-            "reason": "the lowest peak with a real saving: 9.0 MiB (38% below its baseline), step time +21% "
-            "(95% CI +15% to +27%); simpler settings win ties within the noise",
+            "reason": "the lowest peak with a real saving: 9.0 MiB (38% below its baseline), overhead +21% "
+            "(95% CI +15% to +27%; CPU time of rounds paired with none in one process); of peaks within 1% of "
+            "it, the fastest",
             "budget_bytes": None,
             "considered": [1, 2, 3, 4],
             "excluded": [{"experiment_id": 2, "label": "segments=1", "why": "no real memory saving"}],
+            "ranking": [1, 2, 4, 3],
         }
     )
 
@@ -392,5 +417,13 @@ class RecommendationPublic(BaseModel):
         None, description="with a budget: the candidates (baselines, real savings) whose peak fits it"
     )
     smallest_within: SmallestWithin | None = Field(
-        None, description="with within_pct: the lowest peak among the candidates within that overhead of the fastest"
+        None,
+        description="with within_pct: the lowest peak among the choices (fitting the budget, if any) whose "
+        "overhead against their own baseline is at most within_pct (its estimate); null when none is",
+    )
+    ranking: list[int] = Field(
+        default_factory=list,
+        description="the candidates' ids, fastest first: by the high end of their overhead's 95% CI (paired "
+        "against an un-checkpointed copy where timed so), then lower peak, then the simpler setting. The "
+        "budget's pick is the first that fits; the page sorts its table's overhead column by it",
     )

@@ -7,9 +7,14 @@
   2016's segment law but without its uniform-block assumption (issue 23: for the
   transformer that law predicted no saving at 8 segments); no curve for a baseline without
   a profile, and the title says so.
-- ``time_vs_segments``: step-time overhead against the matching ``none`` baseline, %.
-- ``pareto``: memory against step time for every succeeded experiment; the Pareto frontier
-  (no other run is both faster and smaller) is drawn as a line.
+- ``time_vs_segments``: step-time overhead against the matching ``none`` baseline, % (paired
+  with an un-checkpointed copy in the run's own process where timed so; bars: 95% CI).
+- ``pareto``: peak against that overhead for every succeeded experiment (a baseline at 0%),
+  never raw step times of separate runs (issue 32); the frontier (nothing earlier in the
+  recommendation's order has a lower peak) is drawn as a line.
+
+Points of ``time_vs_segments`` and ``pareto`` carry their experiment ids (Plotly's ``ids``):
+the page marks the recommendation's picks on them.
 - ``correctness``: the largest gradient difference against the un-checkpointed run, per run.
 - ``memory_per_rank``: a sharded sweep's peak and activations per rank (the worst rank's)
   against ``distributed.world_size`` (issue 30); empty for a sweep without that axis.
@@ -25,6 +30,7 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from ckptlab.backend.services.recommend import order_by_overhead, row_overhead
 from ckptlab.backend.services.sweeps import SweepRow, sweep_rows
 from ckptlab.db.models import Sweep
 from ckptlab.domain import Status
@@ -219,8 +225,9 @@ def _time_vs_segments(sweep: Sweep, rows: Sequence[SweepRow], specs: _Specs) -> 
                 y=est,
                 mode="lines+markers",
                 name=_name("overhead", label),
-                customdata=[[r.metrics["step_time_ms"], r.overhead_text or "no interval"] for r in members],
-                hovertemplate="%{customdata[1]} (%{customdata[0]:.2f} ms/step)",
+                ids=[str(r.experiment_id) for r in members],
+                customdata=[r.overhead_text or "no interval" for r in members],
+                hovertemplate="%{customdata}",
                 error_y={
                     "type": "data",
                     "symmetric": False,
@@ -243,27 +250,30 @@ def _time_vs_segments(sweep: Sweep, rows: Sequence[SweepRow], specs: _Specs) -> 
 
 
 def _pareto(sweep: Sweep, rows: Sequence[SweepRow], specs: _Specs) -> go.Figure:
+    """Peak against the overhead each run's table row shows (paired with an un-checkpointed
+    copy where timed so; bars: 95% CI; a baseline at 0), never raw step times of separate
+    runs (issue 32). The frontier follows the recommendation's order
+    (:func:`ckptlab.backend.services.recommend.order_by_overhead`): a point is on it when
+    nothing before it in that order has a lower peak, so the budget's pick is on it. Points
+    carry their experiment ids (``ids``) for the page to mark its picks. Runs whose overhead
+    is unknown or not comparable (separate runs on a busy host) are left out, and the title
+    says how many."""
     metric = "peak_allocated_bytes"
-    pts = [r for r in rows if _done(r) and r.metrics["step_time_ms"] is not None and r.metrics[metric] is not None]
+    by_id = {r.experiment_id: r for r in rows}
+    done = [r for r in rows if _done(r) and r.repeat_of is None and r.metrics[metric] is not None]
+    overhead = {r.experiment_id: row_overhead(r, by_id) for r in done}
+    pts = [r for r in done if _comparable(overhead[r.experiment_id])]
     fig = go.Figure()
     for role, name in (("baseline", "baseline"), ("run", "runs")):
         sel = [r for r in pts if r.role == role]
         if sel:
-            fig.add_trace(
-                go.Scatter(
-                    x=[r.metrics["step_time_ms"] for r in sel],
-                    y=[r.metrics[metric] for r in sel],
-                    mode="markers",
-                    name=name,
-                    text=[r.label for r in sel],
-                    hovertemplate="%{text}<br>%{x:.2f} ms, %{y:.3s}B<extra></extra>",
-                )
-            )
-    front = [pts[i] for i in pareto_frontier([(r.metrics["step_time_ms"], r.metrics[metric]) for r in pts])]
+            fig.add_trace(_overhead_points(sel, overhead, name, metric))
+    front = _ranked_front(order_by_overhead(pts, rows), metric)
     fig.add_trace(
         go.Scatter(
-            x=[r.metrics["step_time_ms"] for r in front],
+            x=[overhead[r.experiment_id].estimate_pct for r in front],
             y=[r.metrics[metric] for r in front],
+            ids=[str(r.experiment_id) for r in front],
             mode="lines+markers",
             name="pareto frontier",
             text=[r.label for r in front],
@@ -272,8 +282,54 @@ def _pareto(sweep: Sweep, rows: Sequence[SweepRow], specs: _Specs) -> go.Figure:
             hovertemplate="%{text}<extra>frontier</extra>",
         )
     )
-    fig.update_layout(_layout("Memory against time (lower left is better)", "step time (ms)", "peak allocated (bytes)"))
+    left_out = len(done) - len(pts)
+    note = f" ({left_out} left out: overhead unknown or not comparable)" if left_out else ""
+    fig.update_layout(
+        _layout(
+            f"Peak against overhead (lower left is better){note}",
+            "overhead against its baseline (%, paired; bars: 95% CI)",
+            "peak allocated (bytes)",
+        )
+    )
     return fig
+
+
+def _comparable(interval: Any) -> bool:
+    """An overhead that can be drawn beside others: known, and not separate runs the host's
+    load made not comparable."""
+    return interval is not None and not interval.not_comparable
+
+
+def _ranked_front(ordered: Sequence[SweepRow], metric: str) -> list[SweepRow]:
+    """The rows of ``ordered`` (fastest first) whose ``metric`` is lower than every earlier
+    row's: no row before them in the order is also smaller."""
+    front, lowest = [], float("inf")
+    for r in ordered:
+        if r.metrics[metric] < lowest:
+            front.append(r)
+            lowest = r.metrics[metric]
+    return front
+
+
+def _overhead_points(sel: Sequence[SweepRow], overhead: Mapping[int, Any], name: str, metric: str) -> go.Scatter:
+    """The runs ``sel`` at (overhead estimate %, ``metric``) with their 95% CI as bars."""
+    est = [overhead[r.experiment_id].estimate_pct for r in sel]
+    return go.Scatter(
+        x=est,
+        y=[r.metrics[metric] for r in sel],
+        ids=[str(r.experiment_id) for r in sel],
+        mode="markers",
+        name=name,
+        text=[r.label for r in sel],
+        customdata=[r.overhead_text or "the baseline: no overhead" for r in sel],
+        hovertemplate="%{text}<br>%{customdata}<br>peak %{y:.3s}B<extra></extra>",
+        error_x={
+            "type": "data",
+            "symmetric": False,
+            "array": [overhead[r.experiment_id].high_pct - e for r, e in zip(sel, est, strict=True)],
+            "arrayminus": [e - overhead[r.experiment_id].low_pct for r, e in zip(sel, est, strict=True)],
+        },
+    )
 
 
 def _correctness(sweep: Sweep, rows: Sequence[SweepRow], specs: _Specs) -> go.Figure:

@@ -13,6 +13,7 @@ from typing import Any
 
 from fastapi.responses import StreamingResponse
 
+from ckptlab.analysis.stats import SEPARATE_RUNS
 from ckptlab.backend.encoding import utf8_safe
 from ckptlab.backend.services.queries import STEP_COLUMNS, StepRow
 from ckptlab.backend.services.sweeps import ROW_METRICS, SweepRow
@@ -26,6 +27,8 @@ __all__ = [
     "csv_response",
     "step_csv_rows",
     "sweep_result_record",
+    "RAW_MS_METRICS",
+    "raw_ms_column",
 ]
 
 CSV_MEDIA_TYPE = "text/csv; charset=utf-8"
@@ -92,8 +95,24 @@ def experiment_record(exp: Experiment) -> dict[str, Any]:
     return rec
 
 
+#: Metrics in milliseconds that are one run's own (its medians): exported under a name
+#: that says so (:func:`raw_ms_column`), never as a bare figure beside a comparison.
+RAW_MS_METRICS = ("step_time_ms", "forward_ms", "backward_ms", "optimizer_ms")
+
+
+def raw_ms_column(metric: str) -> str:
+    """The export column of a run's own millisecond figure ``metric``:
+    ``"step_time_ms (separate runs, not comparable on a busy host)"``
+    (:data:`ckptlab.analysis.stats.SEPARATE_RUNS`)."""
+    return f"{metric} ({SEPARATE_RUNS})"
+
+
 def sweep_result_record(row: SweepRow) -> dict[str, Any]:
-    """One sweep result row as a flat record: ids, role, axis values, metrics."""
+    """One sweep result row as a flat record: ids, role, axis values, its ``rank`` by
+    overhead (:func:`ckptlab.backend.services.recommend.rank_rows`; empty for a row that is
+    no candidate), metrics, the overhead against its baseline (%, with its 95% CI, and in
+    words: paired where it was). The run's own millisecond medians (:data:`RAW_MS_METRICS`)
+    are in columns labelled as separate runs (:func:`raw_ms_column`)."""
     return {
         "experiment_id": row.experiment_id,
         "status": row.status,
@@ -101,8 +120,9 @@ def sweep_result_record(row: SweepRow) -> dict[str, Any]:
         "label": row.label,
         "baseline_id": row.baseline_id,
         **row.values,
+        "rank": row.rank,
         **{
-            k: row.metrics.get(k)
+            (raw_ms_column(k) if k in RAW_MS_METRICS else k): row.metrics.get(k)
             for k in (
                 *ROW_METRICS,
                 "overhead_pct",

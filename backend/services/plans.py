@@ -22,9 +22,21 @@ from ckptlab.backend.services.recommend import Recommendation, recommend
 from ckptlab.backend.services.sweeps import SweepRow, sweep_rows
 from ckptlab.db.models import Sweep
 from ckptlab.domain import Status
+from ckptlab.spec.kinds import MODEL_KIND_TABLE, default_model_kind
 from ckptlab.strategies import BASELINE, STRATEGIES
 
-__all__ = ["plan_request", "PlanVerdict", "plan_verdict", "PLANNED", "COMPARED", "COMPILED"]
+__all__ = [
+    "plan_request",
+    "model_label",
+    "PlanPoint",
+    "PredictedPoint",
+    "PlanVerdict",
+    "plan_verdict",
+    "predicted_front",
+    "PLANNED",
+    "COMPARED",
+    "COMPILED",
+]
 
 #: The planned strategy (the table's one ``planned`` entry).
 PLANNED = next(name for name, s in STRATEGIES.items() if s.planned)
@@ -76,9 +88,29 @@ def plan_request(
     return spec, {"checkpoint.strategy": [PLANNED, *kept, *extra], **compiled}
 
 
+def model_label(model: Mapping[str, Any] | None) -> str:
+    """The one-line description of a spec's ``model`` (``"hf gpt2 4 layers, seq 256"``,
+    ``"mlp 8×64"``): its kind's label template filled in
+    (:meth:`ckptlab.spec.kinds.ModelKind.label_for`); the bare kind when the table no
+    longer knows it."""
+    model = dict(model or {})
+    kind = model.get("kind") or default_model_kind()
+    entry = MODEL_KIND_TABLE.get(kind)
+    return entry.label_for(model) if entry is not None else str(kind)
+
+
 @dataclass
 class PlanPoint:
-    """One run of a plan: what it cost and whether it fits the budget."""
+    """One run of a plan: what it cost and whether it fits the budget.
+
+    ``paired_overhead``: its step-time overhead over the un-checkpointed copy it was timed
+    with, round by round in its own process (:meth:`SweepRow.paired_overhead`, as
+    ``RatioInterval.as_dict``; ``overhead_clock`` names the clock), or None where its
+    timing pass was not paired (the baseline itself, torch.compile's points, a sharded
+    run): the only overhead the plan's front is drawn with. ``on_front``: no other point
+    with a paired overhead (the baseline's is 0) is both lower in peak and in overhead.
+    ``predicted_overhead``: for the auto run, the plan's own prediction of its overhead
+    (``plan.predicted_overhead``, in % with its interval) where the planner gives one."""
 
     experiment_id: int
     label: str
@@ -91,6 +123,22 @@ class PlanPoint:
     gradients_match: bool | None = None
     on_front: bool = False
     predicted_peak_bytes: int | None = None
+    paired_overhead: dict[str, Any] | None = None
+    overhead_clock: str | None = None
+    predicted_overhead: dict[str, float | None] | None = None
+
+
+@dataclass
+class PredictedPoint:
+    """One point of the front the planner predicted (``plan.front``): for a budget, the
+    peak and the step-time overhead (%, with its interval where given) of the plan it
+    would choose."""
+
+    peak_bytes: int
+    overhead_pct: float | None
+    overhead_low_pct: float | None = None
+    overhead_high_pct: float | None = None
+    budget_bytes: int | None = None
 
 
 @dataclass
@@ -104,6 +152,8 @@ class PlanVerdict:
     points: list[PlanPoint] = field(default_factory=list)
     plan: dict[str, Any] | None = None
     recommendation: Recommendation | None = None
+    model: str = ""
+    predicted_front: list[PredictedPoint] = field(default_factory=list)
 
 
 def _budget(sweep: Sweep) -> int | None:
@@ -115,40 +165,124 @@ def _budget(sweep: Sweep) -> int | None:
     return None
 
 
+def _number(value: Any) -> float | None:
+    """``value`` as a float when it is a finite number (not a bool), else None."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value or abs(value) == float("inf"):
+        return None
+    return float(value)
+
+
+def _overhead(value: Any) -> dict[str, float | None] | None:
+    """A predicted overhead as ``{estimate_pct, low_pct, high_pct}`` (%), from what the
+    planner stores: a fraction of the un-checkpointed step (``0.12``), ``[estimate, low,
+    high]`` fractions, ``{estimate, low, high}`` fractions, or ``{estimate_pct, low_pct,
+    high_pct}``; None for anything else."""
+    if isinstance(value, Mapping):
+        if _number(value.get("estimate_pct")) is not None:
+            return {k: _number(value.get(k)) for k in ("estimate_pct", "low_pct", "high_pct")}
+        parts = [value.get("estimate", value.get("fraction")), value.get("low"), value.get("high")]
+    elif isinstance(value, Sequence) and not isinstance(value, str):
+        parts = [*list(value)[:3], None, None][:3]
+    else:
+        parts = [value, None, None]
+    fractions = [_number(v) for v in parts]
+    if fractions[0] is None:
+        return None
+    pct = [None if f is None else 100.0 * f for f in fractions]
+    return {"estimate_pct": pct[0], "low_pct": pct[1], "high_pct": pct[2]}
+
+
+def _front_point(entry: Any) -> PredictedPoint | None:
+    """One entry of ``plan.front`` (``{budget_bytes, predicted_peak_bytes,
+    predicted_overhead}``, or ``[budget, peak, overhead]``), or None when it has no peak."""
+    if isinstance(entry, Mapping):
+        budget = entry.get("budget_bytes", entry.get("budget"))
+        peak = entry.get("predicted_peak_bytes", entry.get("peak_bytes"))
+        raw = entry.get("predicted_overhead", entry.get("overhead"))
+        if raw is None and _number(entry.get("overhead_pct")) is not None:
+            raw = {k: entry.get(f"overhead_{k}") for k in ("estimate_pct", "low_pct", "high_pct")}
+            raw["estimate_pct"] = entry["overhead_pct"]
+    elif isinstance(entry, Sequence) and not isinstance(entry, str) and len(entry) >= 3:
+        budget, peak, raw = entry[0], entry[1], entry[2]
+    else:
+        return None
+    if _number(peak) is None:
+        return None
+    o = _overhead(raw) or {}
+    b = _number(budget)
+    return PredictedPoint(
+        peak_bytes=int(peak),
+        overhead_pct=o.get("estimate_pct"),
+        overhead_low_pct=o.get("low_pct"),
+        overhead_high_pct=o.get("high_pct"),
+        budget_bytes=int(b) if b is not None else None,
+    )
+
+
+def predicted_front(plan: Mapping[str, Any] | None) -> list[PredictedPoint]:
+    """The front the planner predicted (``plan.front``), lowest peak first; [] when the plan
+    carries none."""
+    raw = (plan or {}).get("front")
+    if not isinstance(raw, Sequence) or isinstance(raw, str):
+        return []
+    return sorted((p for p in map(_front_point, raw) if p is not None), key=lambda p: p.peak_bytes)
+
+
+def _point(r: SweepRow, budget: int) -> PlanPoint:
+    """A sweep row as a point of the plan: its peak, fit and overheads."""
+    peak = r.metrics.get("peak_allocated_bytes")
+    paired = r.paired_overhead() if r.role == "run" else None
+    return PlanPoint(
+        experiment_id=r.experiment_id,
+        label=r.label,
+        strategy=r.strategy,
+        status=r.status,
+        peak_allocated_bytes=int(peak) if peak is not None else None,
+        step_time_ms=r.metrics.get("step_time_ms"),
+        overhead_text=r.overhead_text,
+        fits=None if peak is None else peak <= budget,
+        gradients_match=r.gradients_match,
+        paired_overhead=paired.as_dict() if paired is not None else None,
+        overhead_clock=r.paired[2] if paired is not None and r.paired is not None else None,
+    )
+
+
+def _mark_front(points: Sequence[PlanPoint]) -> None:
+    """Set ``on_front`` on the measured points no other beats on both peak and paired
+    overhead (the baseline's overhead is 0: it is the reference); points without a paired
+    overhead are not compared (their times come from separate runs)."""
+    x = {
+        i: 0.0 if p.strategy == BASELINE else p.paired_overhead["estimate_pct"]
+        for i, p in enumerate(points)
+        if p.peak_allocated_bytes is not None
+        and p.status == Status.SUCCEEDED
+        and (p.strategy == BASELINE or p.paired_overhead is not None)
+    }
+    done = list(x)
+    for i in pareto_frontier([(x[i], points[i].peak_allocated_bytes) for i in done]):
+        points[done[i]].on_front = True
+
+
 def plan_verdict(sweep: Sweep, *, noise_threshold_pct: float) -> PlanVerdict | None:
     """The verdict of the plan stored as ``sweep``; None when the sweep holds no ``auto`` run."""
     budget = _budget(sweep)
     if budget is None:
         return None
     rows: Sequence[SweepRow] = sweep_rows(sweep, noise_threshold_pct=noise_threshold_pct)
-    firsts = [r for r in rows if r.repeat_of is None]
-    points = []
-    for r in firsts:
-        peak = r.metrics.get("peak_allocated_bytes")
-        points.append(
-            PlanPoint(
-                experiment_id=r.experiment_id,
-                label=r.label,
-                strategy=r.strategy,
-                status=r.status,
-                peak_allocated_bytes=int(peak) if peak is not None else None,
-                step_time_ms=r.metrics.get("step_time_ms"),
-                overhead_text=r.overhead_text,
-                fits=None if peak is None else peak <= budget,
-                gradients_match=r.gradients_match,
-            )
-        )
-    done = [i for i, p in enumerate(points) if p.peak_allocated_bytes is not None and p.step_time_ms is not None]
-    for i in pareto_frontier([(points[i].step_time_ms, points[i].peak_allocated_bytes) for i in done]):
-        points[done[i]].on_front = True
-    plan = None
+    points = [_point(r, budget) for r in rows if r.repeat_of is None]
+    _mark_front(points)
+    plan, model = None, None
     for exp in sweep.experiments:
+        spec = exp.experiment_spec
+        if exp.strategy == PLANNED and spec is not None:
+            model = spec.model.model_dump(mode="json")
         if exp.strategy == PLANNED and exp.status == Status.SUCCEEDED:
             summary = exp.run_summary
             plan = summary.plan
             for p in points:
                 if p.experiment_id == exp.id:
                     p.predicted_peak_bytes = summary.predicted_peak_bytes
+                    p.predicted_overhead = _overhead((plan or {}).get("predicted_overhead"))
     finished = all(Status(r.status).finished for r in rows)
     return PlanVerdict(
         sweep_id=sweep.id,
@@ -158,4 +292,6 @@ def plan_verdict(sweep: Sweep, *, noise_threshold_pct: float) -> PlanVerdict | N
         points=points,
         plan=plan,
         recommendation=recommend(rows, budget_bytes=budget),
+        model=model_label(model if model is not None else (sweep.base or {}).get("model")),
+        predicted_front=predicted_front(plan),
     )

@@ -175,6 +175,9 @@ class SweepRow:
             in its own process (:meth:`ckptlab.summary.RunSummary.paired_rounds`; issue
             19), or None. With them the overhead is :func:`ckptlab.analysis.stats.paired_ratio_ci`
             of the rounds, not a comparison of separate runs.
+        rank: its place (1 = fastest) in the order of the sweep's candidates by overhead
+            (:func:`ckptlab.backend.services.recommend.rank_rows` sets it); None for a
+            row that is not a candidate, and before ranking.
     """
 
     experiment_id: int
@@ -200,6 +203,7 @@ class SweepRow:
     paired: tuple[list[float], list[float], str] | None = None
     paired_interval: RatioInterval | None = None
     loads: list[HostLoad | None] = field(default_factory=list)
+    rank: int | None = None
 
     def paired_overhead(self) -> RatioInterval | None:
         """Its overhead from its paired rounds (None when it has none): the figures its

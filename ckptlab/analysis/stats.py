@@ -42,6 +42,7 @@ __all__ = [
     "separate_runs_not_comparable",
     "between_separate_runs",
     "MIN_ROUNDS",
+    "SEPARATE_RUNS",
     "stored_paired_overhead",
     "BOOTSTRAP_RESAMPLES",
     "CONFIDENCE",
@@ -50,6 +51,9 @@ __all__ = [
 
 #: Fewest samples (rounds) behind an interval before a difference is called measurable.
 MIN_ROUNDS = 5
+#: The label of every raw time (ms) taken from one run and shown beside another's (tables,
+#: exports): two runs' step times are not a comparison, their paired overheads are (issue 32).
+SEPARATE_RUNS = "separate runs, not comparable on a busy host"
 #: Other work on the host (the 1-minute load average less the run's own threads) per core,
 #: at or above which a run's step times are not compared with another run's, nor when the
 #: two runs' figures differ by as much: the load of two busy loops on 2 cores is 1.0. Used

@@ -8,7 +8,7 @@ import pytest
 from ckptlab.backend.services.charts import pareto_frontier
 from ckptlab.db import queue
 from ckptlab.summary import RunSummary
-from tests.factories import spec_dict
+from tests.factories import paired_summary, spec_dict
 
 
 def test_pareto_frontier():
@@ -125,9 +125,12 @@ def test_time_pareto_and_correctness_charts(client, synthetic):
     overhead = traces(client, sid, "time_vs_segments")["overhead"]
     assert overhead["x"] == [2, 4, 8] and overhead["y"][:2] == pytest.approx([20.0, 30.0])
     assert overhead["y"][2] is None
-    pareto = traces(client, sid, "pareto")
-    assert pareto["baseline"]["x"] == [10.0] and sorted(pareto["runs"]["x"]) == [12.0, 13.0]
-    assert pareto["pareto frontier"]["x"] == [10.0, 12.0, 13.0]  # each is faster or smaller
+    # Without timed steps a run has no overhead interval: the pareto chart leaves it out, and
+    # says so; the baseline is the reference, at 0%.
+    r = client.get(f"/api/sweeps/{sid}/charts/pareto").json()
+    pareto = {t["name"]: t for t in r["data"]}
+    assert pareto["baseline"]["x"] == [0.0] and "runs" not in pareto
+    assert "2 left out" in r["layout"]["title"]["text"]
     bars = traces(client, sid, "correctness")["grad_max_abs_diff"]
     assert bars["x"] == ["segments=2", "segments=4", "segments=8"]
     assert bars["y"] == [0.0, None, None]
@@ -136,6 +139,43 @@ def test_time_pareto_and_correctness_charts(client, synthetic):
     assert results[by[2]]["metrics"]["overhead_pct"] == pytest.approx(20.0)
     assert results[by[2]]["metrics"]["activation_saving_pct"] == pytest.approx(100 * (8500 - 5200) / 8500)
     assert results[by[8]]["metrics"]["overhead_pct"] is None
+
+
+def test_the_pareto_chart_draws_paired_overheads_never_raw_step_times(client, db_session):
+    """Issue 32: segments=4's own step times (a separate run on a busy host) are the slowest,
+    933 ms, its paired overhead the lowest: the chart's x is the overhead with its CI, the
+    frontier follows the recommendation's order, and every point carries its run's id."""
+    body = {
+        "name": "p",
+        "base": spec_dict(**{"checkpoint.strategy": "sequential"}),
+        "axes": {"checkpoint.segments": [2, 4]},
+    }
+    sweep = client.post("/api/sweeps", json=body).json()
+    by = {e["values"]["checkpoint.segments"]: e["id"] for e in sweep["experiments"] if e["repeat_of"] is None}
+    base = {
+        "activation_bytes": 85000,
+        "peak_allocated_bytes": 200000,
+        "step_time_ms": 964.5,
+        "step_times_ms": [964.5] * 5,
+    }
+    _finish(db_session, by[None], base)
+    run = {"activation_bytes": 50000, "gradients_match": True, "step_times_ms": [400.0] * 5}
+    _finish(
+        db_session, by[2], {**run, "peak_allocated_bytes": 160000, "step_time_ms": 389.5, **paired_summary(30, 28, 32)}
+    )
+    _finish(
+        db_session, by[4], {**run, "peak_allocated_bytes": 150000, "step_time_ms": 933.5, **paired_summary(20, 18, 22)}
+    )
+    pareto = traces(client, sweep["id"], "pareto")
+    runs = dict(zip(pareto["runs"]["ids"], pareto["runs"]["x"], strict=True))
+    assert runs == {str(by[2]): 30.0, str(by[4]): 20.0} and pareto["baseline"]["x"] == [0.0]
+    assert pareto["runs"]["error_x"]["array"] == [2.0, 2.0] and pareto["runs"]["error_x"]["arrayminus"] == [2.0, 2.0]
+    # The baseline (0%, 200 kB), then segments=4 (+20%, 150 kB): segments=2 is beaten on both.
+    assert pareto["pareto frontier"]["ids"] == [str(by[None]), str(by[4])]
+    rec = client.get(f"/api/sweeps/{sweep['id']}/recommendation", params={"budget_bytes": 170000}).json()
+    assert rec["experiment_id"] == by[4] and rec["ranking"] == [by[None], by[4], by[2]]
+    time = traces(client, sweep["id"], "time_vs_segments")["overhead"]
+    assert time["ids"] == [str(by[2]), str(by[4])] and "ms" not in time["hovertemplate"]
 
 
 def test_charts_of_an_unfinished_sweep_are_empty_not_errors(client):

@@ -9,7 +9,7 @@ from ckptlab.db import queue
 from ckptlab.domain import Status
 from ckptlab.spec.experiment import ExperimentSpec
 from ckptlab.worker.engine.run import run_experiment
-from tests.factories import spec_dict
+from tests.factories import paired_summary, spec_dict
 
 BASE = spec_dict(**{"model.depth": 8, "model.width": 128, "batch_size": 256, "timed_steps": 3})
 
@@ -97,3 +97,80 @@ def test_a_sweep_without_an_auto_run_is_not_a_plan(client):
     ).json()
     assert client.get(f"/api/plans/{sweep['id']}").status_code == 404
     assert client.get("/api/plans/999").status_code == 404
+
+
+def _finish_all(db_session, figures) -> None:
+    """What a worker would do, with made-up figures: finish every queued run with the
+    summary ``figures(spec)`` gives."""
+    from ckptlab.summary import RunSummary
+
+    while (exp := queue.claim_next(db_session, worker_id="test:1")) is not None:
+        summary = RunSummary.model_validate(figures(ExperimentSpec.model_validate(exp.spec)))
+        queue.finish_experiment(db_session, experiment_id=exp.id, status=Status.SUCCEEDED, summary=summary)
+
+
+def test_a_plan_verdict_draws_its_front_from_paired_overheads_and_names_the_model(client, db_session):
+    """Issue 31/32: the front is paired overhead against peak, never raw step times of
+    separate runs (here a busy host makes sequential 2 look faster than none); the verdict
+    names the model and carries the planner's predicted front and overhead."""
+    mib = 2**20
+    base = spec_dict(**{"model.depth": 4, "model.width": 128, "timed_steps": 20})
+    r = client.post("/api/plans", json={"base": base, "budget": 100 * mib, "compile_budgets": []})
+    assert r.status_code == 201, r.text
+    plan = r.json()
+    assert plan["model"] == "mlp 4×128" and plan["name"].startswith("plan: mlp 4×128 under ")
+    # per label: peak MiB, raw median step ms (separate runs), paired overhead (estimate, low, high)
+    figures = {
+        "none": (120, 400.0, None),
+        "auto": (90, 380.0, (12.0, 8.0, 16.0)),
+        "per_block": (60, 350.0, (30.0, 25.0, 35.0)),
+        "sequential 2": (95, 250.0, (20.0, 15.0, 25.0)),  # raw: the fastest of all
+        "sequential 4": (80, 420.0, (10.0, 6.0, 14.0)),
+    }
+    front = [
+        {"budget_bytes": 100 * mib, "predicted_peak_bytes": 88 * mib, "predicted_overhead": [0.11, 0.07, 0.15]},
+        {"budget_bytes": 70 * mib, "predicted_peak_bytes": 62 * mib, "predicted_overhead": 0.28},
+    ]
+
+    def summary(spec: ExperimentSpec) -> dict:
+        c = spec.checkpoint
+        key = c.strategy if c.strategy != "sequential" else f"sequential {c.segments}"
+        peak, ms, paired = figures[key]
+        out = {
+            "peak_allocated_bytes": peak * mib,
+            "step_time_ms": ms,
+            "step_times_ms": [ms] * 20,
+            "gradients_match": None if c.strategy == "none" else True,
+            **(paired_summary(*paired) if paired else {}),
+        }
+        if c.strategy == "auto":
+            out["predicted_peak_bytes"] = 88 * mib
+            out["plan"] = {"segments": [[0, 4, True]], "checkpointed_blocks": [0, 1, 2, 3], "front": front}
+            out["plan"]["predicted_overhead"] = {"estimate": 0.11, "low": 0.07, "high": 0.15}
+        return out
+
+    _finish_all(db_session, summary)
+    verdict = client.get(f"/api/plans/{plan['sweep_id']}").json()
+    assert verdict["finished"] and verdict["model"] == "mlp 4×128"
+    points = {p["label"].replace("strategy=", "").replace(" segments=", " "): p for p in verdict["points"]}
+    assert points["none"]["paired_overhead"] is None  # the reference itself
+    seq2 = points["sequential 2"]
+    assert seq2["paired_overhead"]["estimate_pct"] == 20.0 and seq2["paired_overhead"]["low_pct"] == 15.0
+    assert seq2["overhead_clock"] == "CPU time"
+    # By paired overhead: none (0%, 120), seq 4 (+10%, 80), per_block (+30%, 60) are the front;
+    # seq 2 (+20%, 95) is beaten by seq 4 although its raw step time is the lowest.
+    assert {k for k, p in points.items() if p["on_front"]} == {"none", "sequential 4", "per_block"}
+    auto = points["auto"]
+    assert auto["predicted_overhead"] == pytest.approx({"estimate_pct": 11.0, "low_pct": 7.0, "high_pct": 15.0})
+    assert [p["peak_bytes"] for p in verdict["predicted_front"]] == [62 * mib, 88 * mib]
+    assert verdict["predicted_front"][0]["overhead_pct"] == pytest.approx(28.0)
+    assert verdict["predicted_front"][1]["overhead_high_pct"] == pytest.approx(15.0)
+
+
+def test_a_plan_without_a_predicted_front_has_none():
+    """A plan whose planner gives only its own point (no ``front``): an empty predicted front."""
+    from ckptlab.backend.services.plans import predicted_front
+
+    assert predicted_front({"segments": [], "checkpointed_blocks": []}) == []
+    assert predicted_front(None) == []
+    assert predicted_front({"front": [{"budget_bytes": 5}, "junk"]}) == []
