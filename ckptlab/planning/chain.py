@@ -14,7 +14,11 @@ the batch, the stem's activations; Rotor's model, each block's temporaries measu
   model forgot that output when an un-checkpointed block followed, and under-predicted by
   up to 30%: issue 21.)
 - A block's forward (and its recomputation) holds ``forward_bytes`` of temporaries on top
-  of what it keeps.
+  of what it keeps. The recomputation of a segment's last block stops after the last
+  tensor the segment saves (PyTorch's non-reentrant checkpoint stops early by default):
+  there it holds ``recompute_bytes`` (what the block's forward held up to that tensor) when
+  measured; 786,432 B counted whole for 524,288 B held by an MLP block with dropout put its
+  per-block plan 5,056 B (an RNG state) above per_block's measured peak (issue 31).
 - Backward runs the segments in reverse. Segment ``k`` is recomputed whole when its
   backward starts (non-reentrant checkpoint), with the gradient of its output waiting; then
   block ``j``'s backward holds everything the earlier segments keep, the retained bytes of
@@ -79,6 +83,10 @@ class BlockProfile:
         released_bytes: bytes of ``retained_bytes`` already freed when the gradient of the
             block's output arrives (default 0): its output, when only what comes after
             (the next block, the head) saved it, and that backward ran first.
+        recompute_bytes: the most bytes the block's forward holds above its start up to
+            the last tensor it saves for backward, where a non-reentrant checkpoint's
+            recomputation of a segment ending with this block stops; None (default): not
+            measured, ``retained_bytes + forward_bytes`` (the whole forward's top).
     """
 
     retained_bytes: int
@@ -89,11 +97,20 @@ class BlockProfile:
     backward_bytes: int = 0
     forward_bytes: int = 0
     released_bytes: int = 0
+    recompute_bytes: int | None = None
 
     @property
     def out_bytes(self) -> int:
         """``output_bytes``, or ``input_bytes`` when not given."""
         return self.input_bytes if self.output_bytes is None else self.output_bytes
+
+    @property
+    def last_recompute_bytes(self) -> int:
+        """What the block's recomputation holds at its top (bytes) as the last block of a
+        checkpointed segment: ``recompute_bytes``, or the whole forward's top
+        (``retained_bytes + forward_bytes``) when not measured; never above the latter."""
+        whole = self.retained_bytes + self.forward_bytes
+        return whole if self.recompute_bytes is None else min(self.recompute_bytes, whole)
 
 
 @dataclass(frozen=True)
@@ -126,9 +143,10 @@ def activation_peak(
             b = blocks[i]
             peak = max(peak, alive + b.retained_bytes + b.forward_bytes)  # its forward
             if seg.checkpointed:
-                # its recomputation, the gradient of the segment's output waiting, and the
-                # RNG state torch.random.fork_rng saves around it
-                peak = max(peak, alive + b.retained_bytes + b.forward_bytes + incoming + ckpt)
+                # its recomputation (the last block's stops early), the gradient of the
+                # segment's output waiting, and the RNG state torch.random.fork_rng saves around it
+                top = b.last_recompute_bytes if i == seg.end - 1 else b.retained_bytes + b.forward_bytes
+                peak = max(peak, alive + top + incoming + ckpt)
             alive += b.retained_bytes
             peak = max(peak, alive + backward_extra(blocks, i, grads_after) + backward)
         kept_before = kept_before + blocks[seg.end - 1].out_bytes + ckpt if seg.checkpointed else alive

@@ -90,8 +90,8 @@ class NoPlanFits(ValueError):
         else:
             self.reason = (
                 f"the smallest reachable peak is {smallest.predicted_peak_bytes} bytes (checkpointing blocks "
-                f"{list(smallest.checkpointed_blocks)}), above the budget of {budget_bytes} bytes: lower the batch "
-                "size or the sequence length"
+                f"{list(smallest.checkpointed_blocks)}), above the budget of {budget_bytes} bytes: make the "
+                "activations smaller (the batch, the input) or raise the budget"
             )
         super().__init__(self.reason)
 
@@ -152,6 +152,8 @@ def _solve(
     def units(nbytes: int) -> int:
         return -(-nbytes // unit)
 
+    rng = units(ckpt)
+
     def better(cost: float, calls: int, best: tuple[float, int, tuple[Segment, ...]] | None) -> bool:
         return best is None or cost < best[0] - 1e-9 or (cost <= best[0] + 1e-9 and calls < best[1])
 
@@ -171,13 +173,16 @@ def _solve(
         forward_worst = 0  # the most a block's forward holds above m, recomputation aside
         for j in range(i + 1, n + 1):
             k = j - 1
+            # the recomputation of the segment's last block stops early (chain.BlockProfile)
+            recompute_worst = max(forward_worst, units(prefix[k] - prefix[i]) + units(blocks[k].last_recompute_bytes))
             before_k = units(prefix[k] - prefix[i]) + units(blocks[k].retained_bytes + blocks[k].forward_bytes)
             forward_worst = max(forward_worst, before_k)
             worst = max(worst, units(prefix[j] - prefix[i]) + units(backward_extra(blocks, k, grads_after) + backward))
-            if m + max(worst, forward_worst) > budget_units:
+            # the segment's own RNG state is alive throughout it, the recomputation's beside it
+            if m + rng + max(worst, forward_worst) > budget_units:
                 break  # longer segments only hold more
-            incoming = units(grads_after[j] + blocks[k].out_bytes + backward)
-            if m + forward_worst + incoming > budget_units:
+            incoming = units(grads_after[j] + blocks[k].out_bytes + backward + ckpt)
+            if m + rng + recompute_worst + incoming > budget_units:
                 continue
             rest = f(j, m + units(blocks[k].out_bytes + ckpt))
             if rest is None:
@@ -304,12 +309,15 @@ def smallest_peak_plan(
 ) -> ChainPlan:
     """The plan with the smallest predicted peak (the least recomputation among those).
 
-    Bisection on the activation limit with :func:`plan_chain`'s program (feasibility is
-    monotone in the limit), to 1/1024 of the un-checkpointed activation peak.
+    The peak is exact (:func:`_least_peak`); among the plans at it, the one with the least
+    recomputation that a bisection on the activation limit with :func:`plan_chain`'s
+    program finds (feasibility is monotone in the limit, bytes rounded to 1/1024 of the
+    un-checkpointed activation peak), else the exact program's own.
     """
     blocks = pooled_forward_times(blocks)
     n = len(blocks)
     model = (head_bytes, backward_bytes, checkpoint_bytes)
+    least, exact = _least_peak(blocks, *model)
     hi = activation_peak(blocks, (Segment(0, n, False),), *model)
     lo = 0
     unit = max(1, math.ceil(hi / 1024))
@@ -321,4 +329,59 @@ def smallest_peak_plan(
             lo = mid
         else:
             hi, best = mid, found
-    return _plan(blocks, best, fixed_bytes, calibration_bytes, *model)
+    # The bisection's plan has the least recomputation near the smallest peak but, its bytes
+    # rounded, may lie up to a few units above it; the exact program's plan is at it.
+    candidates = [p for p in (best, exact) if activation_peak(blocks, p, *model) <= least]
+    chosen = min(candidates, key=lambda segs: (round(recompute_ms(blocks, segs), 6), _checkpoints(segs)))
+    return _plan(blocks, chosen, fixed_bytes, calibration_bytes, *model)
+
+
+def _least_peak(
+    blocks: Sequence[BlockProfile], head: int = 0, backward: int = 0, ckpt: int = 0
+) -> tuple[int, tuple[Segment, ...]]:
+    """The smallest activation peak (:func:`ckptlab.planning.chain.activation_peak`, bytes)
+    over every split of the chain, exactly, and a split that reaches it (among equal peaks
+    the one whose own choices recompute least, then the fewest checkpoints).
+
+    Every term of the peak past block ``i`` is the bytes kept before ``i`` plus what blocks
+    ``i..n-1`` add, so ``h(i)``, the least such addition, needs no bytes in its state:
+    ``h(n) = head``; ``h(i)`` = the least over block ``i`` run normally and every
+    checkpointed segment ``[i, j)`` of ``max(its own terms, what it keeps + h(next))``.
+    ``O(n^2)``, no rounding: the planner refuses a budget only when this peak is above it.
+    """
+    n = len(blocks)
+    grads_after = [0] * (n + 1)
+    for i in range(n - 1, -1, -1):
+        grads_after[i] = grads_after[i + 1] + blocks[i].param_bytes
+    # best[i] = (h(i), recomputation ms, checkpoints, segments)
+    best: list[tuple[int, float, int, tuple[Segment, ...]]] = [(0, 0.0, 0, ())] * (n + 1)
+    best[n] = (head, 0.0, 0, ())
+    for i in range(n - 1, -1, -1):
+        b = blocks[i]
+        h, ms, calls, segs = best[i + 1]
+        own = max(
+            b.retained_bytes + b.forward_bytes, b.retained_bytes + backward_extra(blocks, i, grads_after) + backward
+        )
+        options = [(max(own, b.retained_bytes + h), ms, calls, (Segment(i, i + 1, False), *segs))]
+        kept = 0  # retained bytes of blocks i..k-1
+        # the most a block's forward, its recomputation and its backward add above the segment's input
+        forward_top = backward_top = recompute_top = None
+        seg_ms = 0.0
+        for j in range(i + 1, n + 1):
+            k = j - 1
+            c = blocks[k]
+            last = kept + c.last_recompute_bytes  # the recomputation stops early in the last block
+            recompute_top = last if forward_top is None else max(forward_top, last)
+            top = kept + c.retained_bytes + c.forward_bytes
+            forward_top = top if forward_top is None else max(forward_top, top)
+            kept += c.retained_bytes
+            top = kept + backward_extra(blocks, k, grads_after) + backward
+            backward_top = top if backward_top is None else max(backward_top, top)
+            seg_ms += c.forward_ms
+            incoming = grads_after[j] + c.out_bytes + backward  # waiting while the segment is recomputed
+            own = ckpt + max(forward_top, recompute_top + incoming + ckpt, backward_top)
+            h, ms, calls, segs = best[j]
+            options.append((max(own, c.out_bytes + ckpt + h), seg_ms + ms, calls + 1, (Segment(i, j, True), *segs)))
+        best[i] = min(options, key=lambda o: (o[0], round(o[1], 6), o[2]))
+    peak, _, _, segments = best[0]
+    return max(peak, 0), _merge(segments)

@@ -7,7 +7,8 @@ on CPU, the allocator on CUDA):
 
 - per block (:class:`ckptlab.worker.engine.block_profile.BlockRecorder`): bytes alive after its forward
   minus before (``retained``), its forward's temporaries, its backward's, its input and
-  output bytes, whether its output is already freed when its gradient arrives, its
+  output bytes, whether its output is already freed when its gradient arrives, what its
+  forward holds up to the last tensor it saves (where a recomputation stops; CPU), its
   forward time (ms) and its parameters' gradient bytes;
 - the fixed memory: what is alive when the forward starts (parameters, buffers, the
   batch), the optimizer state after the step, the stem's activations and the blocks'
@@ -20,9 +21,9 @@ on CPU, the allocator on CUDA):
 Every term of the prediction is one of these readings (:func:`_memory_model`); there is no
 margin. On CPU the prediction equals the measured peak of every plan tried on the built-in
 MLP, transformer and ResNet generator and on the Hugging Face Llama, GPT-2, ResNet, ViT and
-ConvNeXt examples (issue 21), or lies above it by up to 1.3% (a DenseNet, the ResNet
-generator with its last block checkpointed: the recomputation is counted whole, though
-PyTorch stops it after the last saved tensor).
+ConvNeXt examples (issue 21), or lies above it by a few percent (a DenseNet). Per_block's
+plan is predicted at per_block's measured peak on an MLP with dropout, the built-in
+transformer, GPT-2, Llama and ViT (issue 31), so that its peak is never refused as a budget.
 
 Before anything runs, a budget below parameters + gradients + optimizer state (computed
 from the parameters and the optimizer, no step needed) fails at once with the reason.
@@ -150,8 +151,9 @@ def plan_for_budget(
         built = build_checkpointed(unplanned, dev, build=build, fake=fake is not None)
         fixed, words = fixed_bytes_before_running(spec, built.module)
         if fixed >= budget:
+            budget_words, fixed_words = _apart(budget, fixed)
             raise RunError(
-                f"no plan fits a budget of {format_bytes(budget)}: {words} alone are {format_bytes(fixed)}, "
+                f"no plan fits a budget of {budget_words}: {words} alone are {fixed_words}, "
                 "before any activation; checkpointing cannot help: use a smaller model, an optimizer with "
                 "less state (sgd) or a larger budget",
                 details={
@@ -183,17 +185,24 @@ def plan_for_budget(
         else:
             plan = plan_chain(profiles, budget_bytes=budget, **model)
     except NoPlanFits as exc:
-        smallest = max(smallest_peak_plan(profiles, **model).predicted_peak_bytes, floor)
+        least = smallest_peak_plan(profiles, **model)
+        smallest = max(least.predicted_peak_bytes, floor)
+        advice = f"lower {_size_fields(spec)}, or raise the budget"
         if opt_peak >= smallest:
             why = f"the optimizer step alone peaks at {format_bytes(opt_peak)}"
+            advice = (
+                "checkpointing cannot help: use a smaller model, an optimizer with less state (sgd) or a larger budget"
+            )
         elif tail_peak >= smallest:
             why = f"the backward of the part before the blocks alone peaks at {format_bytes(tail_peak)}"
         else:
-            why = f"checkpointing every block still keeps {format_bytes(smallest - fixed)} above the fixed memory"
+            ckpt = least.checkpointed_blocks
+            which = "every block" if len(ckpt) == len(profiles) else f"blocks {list(ckpt)}" if ckpt else "no block"
+            why = f"checkpointing {which} still keeps {format_bytes(smallest - fixed)} above the fixed memory"
+        budget_words, smallest_words = _apart(budget, smallest)
         raise RunError(
-            f"no plan fits a budget of {format_bytes(budget)}: the smallest reachable peak is "
-            f"{format_bytes(smallest)} ({why}; fixed memory {format_bytes(fixed)}): lower the batch size "
-            "or the sequence length, or raise the budget",
+            f"no plan fits a budget of {budget_words}: the smallest reachable peak is {smallest_words} ({why}; "
+            f"fixed memory {format_bytes(fixed)}): {advice}",
             details={"budget_bytes": budget, "fixed_bytes": fixed, "smallest_reachable_peak_bytes": smallest},
         ) from exc
     if floor > plan.predicted_peak_bytes:
@@ -207,6 +216,35 @@ def plan_for_budget(
         optimizer_peak_bytes=opt_peak,
         profile_ms=(time.perf_counter() - t0) * 1e3,
     )
+
+
+def _apart(a: int, b: int) -> tuple[str, str]:
+    """``a`` and ``b`` (bytes) as :func:`ckptlab.analysis.explain.format_bytes` writes them,
+    or both in bytes (``48,845,980 B``) where those would read the same: a refusal must not
+    say "a budget of 12.3 MiB ... the smallest reachable peak is 12.3 MiB" (issue 31)."""
+    words = format_bytes(a), format_bytes(b)
+    return (f"{a:,} B", f"{b:,} B") if words[0] == words[1] else words
+
+
+def _size_fields(spec: ExperimentSpec) -> str:
+    """What of ``spec`` sizes its activations, in words naming the fields: the batch size
+    and, where the model has them, its sequence length (language models), image size (image
+    models), or width and depth (MLPs), e.g. ``"the batch size (batch_size) or the
+    sequence length (model.seq_len)"``."""
+    model = spec.model
+    names = ["the batch size (batch_size)"]
+    family = getattr(getattr(model, "arch", None), "family", None)  # a Hugging Face model's
+    if family is not None:
+        field = "seq_len" if family == "causal_lm" else "image_size"
+        words = "the sequence length" if field == "seq_len" else "the image size"
+        names.append(f"{words} (model.{field})")
+    else:
+        for field, words in (("seq_len", "the sequence length"), ("image_size", "the image size")):
+            if getattr(model, field, None) is not None:
+                names.append(f"{words} (model.{field})")
+        if getattr(model, "width", None) is not None:  # an MLP: its blocks keep batch x width each
+            names += ["the width (model.width)", "the depth (model.depth)"]
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
 
 
 def _memory_model(
@@ -227,7 +265,10 @@ def _memory_model(
     - ``backward_bytes``: what the part after the blocks leaves alive while the blocks run
       backward (its parameters' gradients, the output and loss the caller holds): live bytes
       when the gradient of the last block's output arrives, less the fixed bytes, every
-      block's kept bytes and that gradient;
+      block's kept bytes and that gradient. Negative where the model's forward frees
+      tensors of its stem as it returns (GPT-2's token and position embeddings) that
+      outweigh those (issue 31); at most the stem's bytes below zero, the first block's
+      input excepted;
     - ``checkpoint_bytes``: ``rng_state_bytes``, the RNG state each checkpoint keeps with
       ``preserve_rng_state`` where the meter counts it (the CPU tracker; a CUDA run's
       states are host memory, outside the device allocator's figures). (Counting every gradient outside the blocks
@@ -249,13 +290,21 @@ def _memory_model(
         last = profiles[-1]  # its kept bytes less what the head's backward freed, and its output's gradient
         alive = step.start_bytes + step.stem_bytes + kept - last.released_bytes + last.out_bytes
         after_blocks = step.blocks_backward_live - alive
+    # Negative where the model's forward, returning, frees more of the stem's tensors than
+    # the head's backward leaves (issue 31's GPT-2: its token and position embeddings,
+    # 655,360 B, against the gradients of its tied embedding and final norm and the loss,
+    # 513,036 B: -142,324 B, which the former clamp at 0 added to every backward term, so
+    # that per_block's exact peak was refused as a budget). No plan changes either; only
+    # the stem's tensors can go, never the first block's input, which every plan keeps to
+    # the blocks' backward.
+    freeable = max(step.stem_bytes - profiles[0].input_bytes, 0) if profiles else 0
     tail = step.tail_top + state if step.tail_top is not None else 0
     if spec.grad_accum_steps > 1:  # profiled in a later micro-batch: every gradient is in start_bytes
         profiles = [replace(b, param_bytes=0) for b in profiles]
     model = {
         "fixed_bytes": fixed,
         "head_bytes": head,
-        "backward_bytes": max(after_blocks, 0),
+        "backward_bytes": max(after_blocks, -freeable),
         "checkpoint_bytes": rng_state_bytes,
     }
     return profiles, model, tail
@@ -294,7 +343,8 @@ def _profile_step(
     probe.reset_peak()
     start = probe.live_bytes
     clock = fake.clock if fake is not None else time.perf_counter
-    with BlockRecorder(built.blocks, meter, tail=True, clock=clock) as recorder:
+    early_stop = not spec.checkpoint.use_reentrant  # a reentrant checkpoint recomputes the whole segment
+    with BlockRecorder(built.blocks, meter, tail=True, clock=clock, recompute=early_stop) as recorder:
         with autocast():
             out = built.module(x)
         loss = built.loss_fn(out, y) / spec.grad_accum_steps

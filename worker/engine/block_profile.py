@@ -10,6 +10,9 @@ allocator on CUDA; times from ``time.perf_counter``):
   its output arrived (CPU: the tracker's window; CUDA: the live bytes at its end);
 - ``released_bytes``: its output's bytes when that output is already freed as the gradient
   of the output arrives (only the next block or the head saved it), else 0;
+- ``recompute_bytes`` (with ``recompute``; CPU only): the most its forward held above its
+  start up to the last tensor it saved for backward (a saved-tensor pack hook reads the
+  tracker's window there), where a non-reentrant checkpoint's recomputation stops;
 - ``input_bytes``, ``output_bytes``, ``param_bytes`` (its parameters' gradients) and
   ``forward_ms``.
 
@@ -49,6 +52,11 @@ from ckptlab.worker.measure.meter import Meter, storage_bytes
 __all__ = ["BlockRecorder", "profile_record", "tensor_bytes"]
 
 
+def _same(value: Any) -> Any:
+    """The saved-tensor unpack hook of :class:`BlockRecorder`'s pack hook: the tensor as saved."""
+    return value
+
+
 def tensor_bytes(value: Any) -> int:
     """Storage bytes of a tensor (0 for anything else)."""
     return value.untyped_storage().nbytes() if isinstance(value, torch.Tensor) else 0
@@ -65,6 +73,10 @@ class BlockRecorder:
             caller reads as ``max(peak_before_tail, peak)`` (the planner's profile step).
         clock: what ``forward_ms`` is read with, in seconds (default ``time.perf_counter``;
             a prediction's proxy on fake tensors, :class:`ckptlab.worker.engine.training.FakeRun`).
+        recompute: read each block's ``recompute_bytes`` (default False): a saved-tensor pack
+            hook is active through the forward, so only for a step that checkpoints nothing
+            (a checkpoint's own hooks would hide the packs). Where the meter has no window
+            (CUDA) or a block saved nothing through the hook, the field stays None.
 
     Attributes:
         first_live: live bytes when the first block started (the stem's end), or None.
@@ -88,9 +100,16 @@ class BlockRecorder:
         meter: Meter,
         tail: bool = False,
         clock: Callable[[], float] = time.perf_counter,
+        recompute: bool = False,
     ):
         self.blocks, self.meter, self.probe, self.tail, self.clock = blocks, meter, meter.probe, tail, clock
         self.windowed = hasattr(self.probe, "reset_window")
+        # The block whose forward is running, and the window's top at its last saved tensor.
+        self._running: int | None = None
+        self._last_pack: dict[int, int] = {}
+        self._packing = (
+            torch.autograd.graph.saved_tensors_hooks(self._pack, _same) if recompute and self.windowed else None
+        )
         self.first_live: int | None = None
         self.blocks_backward_live: int | None = None
         self.tail_live: int | None = None
@@ -118,6 +137,8 @@ class BlockRecorder:
         for i, block in enumerate(self.blocks):
             self._hooks.append(block.register_forward_pre_hook(self._pre(i), with_kwargs=True))
             self._hooks.append(block.register_forward_hook(self._post(i)))
+        if self._packing is not None:
+            self._packing.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -129,12 +150,23 @@ class BlockRecorder:
         if self._hooks:
             self.side_freed_bytes = sum(n for ref, n in self._side.values() if ref() is None)
             self._side.clear()
+        if self._packing is not None:
+            packing, self._packing = self._packing, None
+            packing.__exit__(None, None, None)
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
 
     def _window_top(self) -> int:
         return self.probe.window_peak_bytes if self.windowed else self.probe.live_bytes
+
+    def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A tensor saved for backward: in a block's forward, the window's top so far. Saved
+        as a detached alias (the same storage): the tensor itself, an op's output, would tie
+        the output to its own graph node in a cycle that outlives the step."""
+        if self._running is not None:
+            self._last_pack[self._running] = self.probe.window_peak_bytes
+        return tensor.detach()
 
     def _pre(self, i: int):
         def hook(module, args, kwargs):
@@ -153,6 +185,7 @@ class BlockRecorder:
                 else:
                     hidden.register_hook(self._input_grad(i))
             self._last_output = None
+            self._running = i
             for leaf in tree_leaves((args, kwargs)):
                 if isinstance(leaf, torch.Tensor) and leaf is not hidden:
                     storage = leaf.untyped_storage()
@@ -163,6 +196,7 @@ class BlockRecorder:
     def _post(self, i: int):
         def hook(module, args, output):
             self.meter.sync()
+            self._running = None
             live, start, in_bytes = self._seen[i]
             after = self.probe.live_bytes
             top = self._window_top() if self.windowed else after
@@ -243,7 +277,12 @@ class BlockRecorder:
         if missing:
             raise RunError(f"blocks {missing} did not run in the model's forward: the blocks must form a chain")
         return [
-            replace(p, backward_bytes=self._backward_extra.get(i, 0), released_bytes=self._released.get(i, 0))
+            replace(
+                p,
+                backward_bytes=self._backward_extra.get(i, 0),
+                released_bytes=self._released.get(i, 0),
+                recompute_bytes=self._last_pack[i] - self._seen[i][0] if i in self._last_pack else None,
+            )
             for i, p in enumerate(self._profiles)
         ]
 
@@ -263,4 +302,5 @@ def profile_record(b: BlockProfile) -> dict[str, Any]:
         "backward_bytes": b.backward_bytes,
         "forward_bytes": b.forward_bytes,
         "released_bytes": b.released_bytes,
+        "recompute_bytes": b.recompute_bytes,
     }

@@ -7,9 +7,11 @@ from __future__ import annotations
 import itertools
 import random
 import statistics
+from dataclasses import replace
 
 import pytest
 
+from ckptlab.planning.chain import activation_peak
 from ckptlab.planning.planner import (
     BlockProfile,
     NoPlanFits,
@@ -32,9 +34,11 @@ def all_segmentations(n: int):
             yield tuple(Segment(s, e, f) for (s, e), f in zip(pieces, flags, strict=True))
 
 
-def chain(n: int, seed: int) -> list[BlockProfile]:
+def chain(n: int, seed: int, *, early_stop: bool = False) -> list[BlockProfile]:
+    """``n`` random block profiles; ``early_stop``: each with a ``recompute_bytes`` (at most
+    its whole forward's top, as measured), drawn after the rest."""
     rng = random.Random(seed)
-    return [
+    blocks = [
         BlockProfile(
             rng.randint(50, 400),
             rng.randint(10, 100),
@@ -46,6 +50,20 @@ def chain(n: int, seed: int) -> list[BlockProfile]:
         )
         for _ in range(n)
     ]
+    if early_stop:
+        blocks = [replace(b, recompute_bytes=rng.randint(0, b.retained_bytes + b.forward_bytes)) for b in blocks]
+    return blocks
+
+
+def extras(seed: int) -> dict[str, int]:
+    """Random ``head_bytes``, ``backward_bytes`` (negative too: issue 31's GPT-2) and
+    ``checkpoint_bytes`` (the RNG state each checkpoint keeps)."""
+    rng = random.Random(-seed)
+    return {
+        "head_bytes": rng.randint(0, 300),
+        "backward_bytes": rng.randint(-40, 100),
+        "checkpoint_bytes": rng.choice([0, 5, 50]),
+    }
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -132,3 +150,46 @@ def test_on_equal_recomputation_the_plan_uses_the_fewest_checkpoints():
     plan = plan_chain(blocks, budget_bytes=budget, resolution=100_000)
     assert plan.segments == (Segment(0, 4, True), Segment(4, 8, False))
     assert plan.recompute_ms == pytest.approx(4 * statistics.median(times))
+
+
+def test_with_rng_states_a_negative_backward_and_early_stops_the_plan_is_still_the_cheapest_that_fits():
+    # The program left the checkpoint's RNG states out of a segment's own terms and chose
+    # plans the exact check then threw away (7 of these budgets, without the early stops).
+    for seed in range(60):
+        blocks, model = chain(1 + seed % 6, seed, early_stop=True), extras(seed)
+        peaks = {s: predict_peak(blocks, s, **model) for s in all_segmentations(len(blocks))}
+        for budget in sorted(set(peaks.values()))[:: max(1, len(set(peaks.values())) // 4)]:
+            plan = plan_chain(blocks, budget_bytes=budget, resolution=10**9, **model)
+            assert plan.predicted_peak_bytes == peaks[plan.segments] <= budget, seed
+            cheapest = min(recompute_ms(blocks, s) for s, peak in peaks.items() if peak <= budget)
+            assert plan.recompute_ms == pytest.approx(cheapest), seed
+
+
+def test_a_budget_at_the_smallest_peak_is_planned_and_one_byte_less_is_refused():
+    # Issue 31: the smallest peak came from a bisection on rounded bytes and that program,
+    # a few bytes high, and a budget at the true one could be refused (22 of these chains,
+    # without the early stops).
+    for seed in range(120):
+        blocks, model = chain(1 + seed % 6, seed, early_stop=True), extras(seed)
+        least = min(predict_peak(blocks, s, **model) for s in all_segmentations(len(blocks)))
+        assert smallest_peak_plan(blocks, **model).predicted_peak_bytes == least, seed
+        assert plan_chain(blocks, budget_bytes=least, **model).predicted_peak_bytes <= least
+        with pytest.raises(NoPlanFits) as refused:
+            plan_chain(blocks, budget_bytes=least - 1, **model)
+        assert refused.value.smallest.predicted_peak_bytes == least
+
+
+def test_a_segments_last_block_is_recomputed_only_up_to_its_last_saved_tensor():
+    # PyTorch's non-reentrant checkpoint stops the recomputation once the segment's last
+    # saved tensor is back: the last block holds its recompute_bytes (60 of its 100 kept),
+    # the blocks before it their whole forward. RNG state 5 B per checkpoint, 5 B more
+    # while recomputing; the gradient of the segment's output (40 B) waits throughout.
+    block = BlockProfile(100, 40, 1.0, backward_bytes=10, released_bytes=40)
+    measured = replace(block, recompute_bytes=60)
+    one = (Segment(0, 1, True),)
+    assert activation_peak([block], one, ckpt=5) == 5 + 100 + 40 + 5  # counted whole: 150
+    assert activation_peak([measured], one, ckpt=5) == 5 + 100 + 10  # its backward: 115
+    two = (Segment(0, 2, True),)
+    assert activation_peak([block, block], two, ckpt=5) == 5 + 100 + 100 + 40 + 5  # 250
+    assert activation_peak([measured, measured], two, ckpt=5) == 5 + 100 + 100 + 10  # 215
+    assert measured.last_recompute_bytes == 60 and block.last_recompute_bytes == 100
