@@ -19,7 +19,7 @@ from fastapi_offline import FastAPIOffline
 from sqlalchemy.exc import DataError, IntegrityError, OperationalError
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
-from ckptlab.backend.api import experiments, meta, plans, predictions, sweeps
+from ckptlab.backend.api import experiments, meta, plans, predictions, sweeps, timelines
 from ckptlab.backend.deps import WRITE_METHODS, require_write_token
 from ckptlab.backend.encoding import SafeJSONResponse
 from ckptlab.backend.middleware import (
@@ -186,6 +186,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     auth = [Depends(require_write_token)] if settings.api_token is not None else []
     api = APIRouter(prefix="/api", dependencies=auth, responses=BUSY_RESPONSE)
     api.include_router(experiments.router)
+    api.include_router(timelines.router)
     api.include_router(sweeps.router)
     api.include_router(plans.router)
     api.include_router(predictions.router)

@@ -12,6 +12,7 @@ from enum import StrEnum
 __all__ = [
     "Status",
     "MemoryCategory",
+    "Unattributed",
     "FINISHED_STATUSES",
     "ACTIVE_STATUSES",
     "STEP_FIELDS",
@@ -102,6 +103,21 @@ class MemoryCategory(StrEnum):
     #: unsharded gradients; this rank's sharded gradient is retagged ``gradients`` once
     #: assigned) and DDP's all-reduce buckets.
     COMMUNICATION = "communication"
+
+
+class Unattributed(StrEnum):
+    """The module a memory timeline (issue 34) names a block after when no module's forward
+    made it: its place in the step, or ``unknown``. Every other block is named by a module's
+    fully-qualified name (``blocks.0.attn``; the root model is ``""``)."""
+
+    #: The input batch and its labels.
+    BATCH = "<batch>"
+    #: The loss after the model returned, and its backward before any module's.
+    LOSS = "<loss>"
+    #: The optimizer step's temporaries (its state is named after each parameter's module).
+    OPTIMIZER = "<optimizer>"
+    #: Nothing named it.
+    UNKNOWN = "unknown"
 
 
 #: Step-time differences estimated below 10% are noise by default: the same work timed in

@@ -83,6 +83,10 @@ class Settings(BaseSettings):
             recomputation overhead in 1 run of 3, with one in 10 of 10 (issue 19,
             docs/benchmarks.md). The memory pass keeps the run's threads (bytes do not
             depend on them).
+        record_timeline: record the memory timeline of a CPU run's first and peak steps
+            (``CKPTLAB_RECORD_TIMELINE``, default on; issue 34): every allocation and free
+            the live-tensor tracker counts, stored per run. Off: no timeline, and the
+            memory pass runs without its hooks.
         shutdown_grace_s: on SIGTERM / SIGINT a worker lets its running experiments finish for
             this many seconds, then kills and requeues them (``CKPTLAB_SHUTDOWN_GRACE_S``,
             default 30).
@@ -182,6 +186,7 @@ class Settings(BaseSettings):
     shutdown_grace_s: float = Field(30.0, ge=0)
     worker_cpu_threads: int | None = Field(None, ge=1)
     timing_cpu_threads: int = Field(1, ge=0, le=1024)
+    record_timeline: bool = True
     api_token: SecretStr | None = None
     cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
     allowed_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list)

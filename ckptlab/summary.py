@@ -223,6 +223,13 @@ class RunSummary(BaseModel):
     block_profile: list[dict[str, Any]] | None = Field(
         None, description="per block: retained, input, output, param, forward and backward bytes, forward ms"
     )
+    # The memory timeline (ckptlab.analysis.timeline, issue 34): per checkpointed region of the peak step.
+    region_keeps: list[dict[str, Any]] | None = Field(
+        None,
+        description="per checkpointed region: the bytes its checkpoint meant to keep from forward to backward "
+        "(inputs_bytes, rng_state_bytes, policy_bytes: intended_bytes) against what it kept (kept_bytes), "
+        "excess_bytes the difference and excess its largest blocks (module, op, bytes)",
+    )
     # Strategy auto (ckptlab.worker.engine.autoplan): the budget, the plan and its predicted peak (bytes).
     budget_bytes: int | None = None
     predicted_peak_bytes: int | None = None

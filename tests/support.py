@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -97,3 +97,16 @@ def in_process_worker(settings, **run_kw) -> Iterator[tuple[threading.Event, thr
         kill.set()
         thread.join(60)
     assert not thread.is_alive()
+
+
+def alembic_to(engine: Any, revision: str, *, down: bool) -> None:
+    """Move ``engine``'s schema to ``revision`` with Alembic (``down``: downgrade to it, else
+    upgrade, e.g. to ``"head"``), in one transaction, as ``ckptlab.db.database.migrate`` does."""
+    from alembic import command
+
+    from ckptlab.db.database import _alembic_config
+
+    cfg = _alembic_config()
+    with engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        (command.downgrade if down else command.upgrade)(cfg, revision)

@@ -41,6 +41,7 @@ from ckptlab.backend.schemas.sweeps import (
     SweepsPublic,
     SweepSummaryPublic,
 )
+from ckptlab.backend.schemas.timelines import HolderPublic, PeakHoldersPublic, SpanPublic, TimelinePublic
 
 __all__ = [
     "AttemptPublic",
@@ -59,15 +60,18 @@ __all__ = [
     "ExperimentsPublic",
     "Format",
     "Health",
+    "HolderPublic",
     "InvalidCombination",
     "Message",
     "MetaPublic",
     "Metric",
+    "PeakHoldersPublic",
     "PlannedRunPublic",
     "ProgressPublic",
     "RecommendationPublic",
     "SeriesPoint",
     "SeriesPublic",
+    "SpanPublic",
     "StatusPublic",
     "Status",
     "StepPublic",
@@ -80,4 +84,5 @@ __all__ = [
     "SweepResultsPublic",
     "SweepsPublic",
     "SweepSummaryPublic",
+    "TimelinePublic",
 ]

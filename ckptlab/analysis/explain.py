@@ -46,6 +46,9 @@ FINDING_CODES = {
     "huggingface/accelerate#4172): a block's recomputation all-gathers its children one by one inside backward",
     "segment_spans_fsdp_units": "a checkpointed group spans several FSDP units: its recomputation all-gathers "
     "them all at once in backward",
+    "region_keeps_more_than_its_inputs": "a checkpointed region kept more than its inputs from forward to "
+    "backward: a tensor it made is still held after it (returned beside its output, or kept by the model), so "
+    "checkpointing it does not free that",
 }
 
 _PHASE_WORDS = {"forward": "forward", "backward": "backward", "optimizer": "optimizer.step"}
@@ -126,12 +129,16 @@ def findings(spec: ExperimentSpec, summary: RunSummary, strategy: Strategy) -> l
             state) decides the saving findings, ``device`` the offload one,
             ``memory_growth_bytes_per_step`` (bytes) the memory-growth one.
         strategy: the run's strategy, resolved once (:func:`ckptlab.strategies.get_strategy`).
+
+    Also, from the memory timeline: a checkpointed region that kept more than its inputs
+    (``region_keeps``).
     """
     baseline = strategy.name == BASELINE
     out = [*_offload_on_cpu(spec, summary, strategy), *([] if baseline else _wraps_no_block(spec, summary, strategy))]
     if not baseline:
         out += _saving(summary, already_said=bool(out))
         out += _peak_without_activations(summary)
+    out += _region_keeps(summary)
     return out + _over_budget(summary) + _memory_growth(summary) + _sharding_audit(spec, summary, strategy)
 
 
@@ -257,6 +264,28 @@ def _over_budget(summary: RunSummary) -> list[Finding]:
             "lower the budget by the difference",
         )
     ]
+
+
+def _region_keeps(summary: RunSummary) -> list[Finding]:
+    """The regions whose checkpoint kept more than it meant to (the memory timeline's
+    ``region_keeps``, issue 34): one finding naming each with its largest kept block."""
+    over = [k for k in summary.region_keeps or [] if k.get("excess_bytes", 0) > 0]
+    if not over:
+        return []
+    parts = []
+    for keep in over:
+        what = ", ".join(
+            f"{e['op']} in {e['module'] or 'the model'} ({format_bytes(e['bytes'])})" for e in keep["excess"]
+        )
+        parts.append(
+            f"{keep['region']} kept {format_bytes(keep['kept_bytes'])} where its inputs, RNG state and policy's "
+            f"outputs are {format_bytes(keep['intended_bytes'])}: {what}"
+        )
+    message = (
+        f"{FINDING_CODES['region_keeps_more_than_its_inputs']}; " + "; ".join(parts) + "; return only the hidden "
+        "states from a checkpointed block, or checkpoint the block that keeps the tensor too"
+    )
+    return [_finding("region_keeps_more_than_its_inputs", message)]
 
 
 def _memory_growth(summary: RunSummary) -> list[Finding]:

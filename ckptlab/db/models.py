@@ -14,6 +14,9 @@ Ids are 64-bit on both databases (:data:`Id`).
 - ``step_rollups``: a multi-resolution summary of each attempt's steps (per level ``k``,
   per bucket of ``2**k`` steps, per series metric: count, min and max with their steps,
   first and last), written with the steps; see :mod:`ckptlab.db.rollups`.
+- ``memory_timelines``: the memory timeline of a run's first and peak steps (issue 34;
+  :mod:`ckptlab.analysis.timeline`): one compressed blob per attempt and step, with the
+  figures a listing reads without opening it (events, bytes at the start and at the peak).
 - ``predictions``: one "will it fit?" prediction of a spec for a target device
   (:mod:`ckptlab.prediction.targets`): the spec, the target, its outcome
   (:data:`PREDICTION_STATUSES`), the predicted summary and the error text.
@@ -35,6 +38,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     String,
     Table,
     Text,
@@ -61,6 +65,7 @@ __all__ = [
     "Base",
     "Experiment",
     "ExperimentEvent",
+    "MemoryTimeline",
     "Prediction",
     "PREDICTION_STATUSES",
     "Step",
@@ -312,6 +317,28 @@ class Step(Base):
     extra: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
     experiment: Mapped[Experiment] = relationship(back_populates="steps")
+
+
+class MemoryTimeline(Base):
+    """The memory timeline of one step of one attempt (issue 34): every allocation and free
+    the live-tensor tracker counted, as :func:`ckptlab.analysis.timeline.encode` stores it.
+    Written by the worker with the run's outcome (:func:`ckptlab.db.queue.finish_experiment`),
+    for the first step and the step that reached the run's peak; bytes, event indices."""
+
+    __tablename__ = "memory_timelines"
+
+    experiment_id: Mapped[int] = mapped_column(Id, ForeignKey("experiments.id", ondelete="CASCADE"), primary_key=True)
+    attempt: Mapped[int] = mapped_column(Integer, primary_key=True)
+    step: Mapped[int] = mapped_column(Integer, primary_key=True)
+    #: Whether this is the step whose peak is the run's (the summary's ``peak_allocated_bytes``).
+    is_peak: Mapped[bool] = mapped_column(Boolean)
+    n_events: Mapped[int] = mapped_column(Integer)
+    #: Live bytes as the step began, and at its highest (the peak's first event: ``peak_index``).
+    baseline_bytes: Mapped[int] = mapped_column(BigInteger)
+    peak_bytes: Mapped[int] = mapped_column(BigInteger)
+    peak_index: Mapped[int] = mapped_column(Integer)
+    #: The blob (:func:`ckptlab.analysis.timeline.encode`); loaded only when asked for.
+    data: Mapped[bytes] = mapped_column(LargeBinary, deferred=True)
 
 
 #: What a rollup bucket keeps of each metric, in column order: how many of its steps have a

@@ -30,12 +30,12 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import and_, exists, select, update
+from sqlalchemy import and_, delete, exists, insert, select, update
 from sqlalchemy.orm import Session
 
 from ckptlab.db.database import db_now, is_postgresql
 from ckptlab.db.events import first_line, record_events
-from ckptlab.db.models import Experiment, Sweep, Worker
+from ckptlab.db.models import Experiment, MemoryTimeline, Sweep, Worker
 from ckptlab.domain import FINISHED_STATUSES, Status
 from ckptlab.summary import RunSummary
 
@@ -111,6 +111,7 @@ def finish_experiment(
     snapshot_path: str | None = None,
     attempt: int | None = None,
     log: str | None = None,
+    timelines: Sequence[dict[str, Any]] = (),
 ) -> bool:
     """Record the outcome of a running experiment; returns whether it was recorded.
 
@@ -130,6 +131,10 @@ def finish_experiment(
         attempt: the attempt being finished. Default: whichever is current.
         log: the run's log (a failure's traceback), stored in ``experiments.log`` and served
             behind the API token; None: none (an earlier attempt's is cleared).
+        timelines: the run's memory timelines, stored with the outcome (and only with
+            it): the columns of :class:`~ckptlab.db.models.MemoryTimeline` but the key's
+            ``experiment_id`` and ``attempt`` (``step``, ``is_peak``, ``n_events``,
+            ``baseline_bytes``, ``peak_bytes``, ``peak_index``, ``data``).
 
     Raises:
         ValueError: ``status`` is not a finished status.
@@ -154,6 +159,10 @@ def finish_experiment(
         stmt.values(**values).returning(Experiment.id, Experiment.attempt, Experiment.worker_id)
     ).all()
     record_events(session, [tuple(r) for r in done], status=status, reason=first_line(error))
+    if done and timelines:
+        key = {"experiment_id": done[0].id, "attempt": done[0].attempt}
+        session.execute(delete(MemoryTimeline).filter_by(**key))
+        session.execute(insert(MemoryTimeline), [{**t, **key} for t in timelines])
     session.commit()
     return bool(done)
 

@@ -4,6 +4,7 @@ summary (see :mod:`ckptlab.worker.engine.run` for what is measured and how)."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -17,6 +18,7 @@ from ckptlab.spec.experiment import ExperimentSpec
 from ckptlab.strategies import BASELINE, Strategy, get_strategy
 from ckptlab.worker.engine.block_profile import BlockRecorder
 from ckptlab.worker.engine.step import instrumented_step, timed_step
+from ckptlab.worker.engine.timeline import TimelineKeeper
 from ckptlab.worker.engine.training import FakeRun, autocast_for, build_checkpointed, make_optimizer
 from ckptlab.worker.measure.meter import Meter, memory_is_flat, tag_optimizer_state
 from ckptlab.worker.models.base import Built
@@ -87,6 +89,8 @@ class RunContext:
         self.paired: list[dict[str, Any]] = []  # the un-checkpointed copy's timed steps, round by round
         self.pairing_skipped: str | None = None
         self.timing_threads: int | None = None  # torch threads of the timing pass (CPU)
+        #: The memory timelines kept (:class:`TimelineKeeper`): ``(timeline, is_peak)``.
+        self.timelines: list[tuple[Any, bool]] = []
         self._build: Callable[[], Built] | None = None
 
     def build(self, build: Callable[[], Built] | None, ranges: list[tuple[int, int]] | None = None) -> None:
@@ -143,20 +147,18 @@ class RunContext:
             self.on_step(record)
 
     def memory_pass(self) -> None:
-        """Up to ``spec.steps`` instrumented steps; stops early when memory is flat."""
+        """Up to ``spec.steps`` instrumented steps; stops early when memory is flat. A real
+        CPU run records each step's memory timeline and keeps its first and peak steps'
+        (:attr:`timelines`)."""
         spec = self.spec
         times = StepTimes(skip=spec.warmup_steps)  # the progress estimate's step time
+        keeper = TimelineKeeper.for_run(self, real=self.fake is None and self.rank is None)
         for step in range(1, spec.steps + 1):
             self.where["step"] = step
-            if step == 1 and self.strategy.name == BASELINE:
-                # The baseline's blocks, recorded once: what each keeps and passes on (the
-                # expected curve of a segments sweep, issue 23).
-                clock = self.fake.clock if self.fake else time.perf_counter
-                with BlockRecorder(self.built.blocks, self.meter, clock=clock) as recorder:
-                    self.records.append(instrumented_step(self))
-                self.block_profile = recorder.public()
-            else:
-                self.records.append(instrumented_step(self))
+            with keeper.recording(step) if keeper is not None else contextlib.nullcontext():
+                self.records.append(_memory_step(self, step))
+            if keeper is not None:
+                keeper.keep(self.records[-1], measured=step > spec.warmup_steps)
             extra = self.records[-1]["extra"]
             extra["pass"] = "memory"
             extra[STEPS_PLANNED] = steps_planned(spec.steps, spec.timed_steps)
@@ -164,6 +166,7 @@ class RunContext:
             self._emit(self.records[-1])
             if spec.memory_early_stop and memory_is_flat(self.records, spec.warmup_steps):
                 break  # every further step would read the same bytes
+        self.timelines = keeper.kept() if keeper is not None else []
 
     def timed_pass(self) -> None:
         """``spec.timed_steps`` steps numbered on from the memory pass.
@@ -234,6 +237,18 @@ class RunContext:
                 torch.cuda.empty_cache()
             return None
         return base
+
+
+def _memory_step(run: RunContext, step: int) -> dict[str, Any]:
+    """One instrumented step of ``run``; the baseline's first also records its blocks once:
+    what each keeps and passes on (the expected curve of a segments sweep, issue 23)."""
+    if step == 1 and run.strategy.name == BASELINE:
+        clock = run.fake.clock if run.fake else time.perf_counter
+        with BlockRecorder(run.built.blocks, run.meter, clock=clock) as recorder:
+            record = instrumented_step(run)
+        run.block_profile = recorder.public()
+        return record
+    return instrumented_step(run)
 
 
 def _note_step_time(extra: dict[str, Any], ms: float | None) -> None:

@@ -38,6 +38,7 @@ from collections.abc import Callable
 import torch
 
 from ckptlab.analysis.explain import findings, oom_advice, peak_sentence
+from ckptlab.analysis.timeline import StepTimeline
 from ckptlab.spec.experiment import ExperimentSpec
 from ckptlab.strategies import Strategy, get_strategy
 from ckptlab.summary import RunSummary
@@ -52,7 +53,11 @@ from ckptlab.worker.measure.memory import SimulatedOutOfMemoryError
 from ckptlab.worker.measure.meter import Meter
 from ckptlab.worker.models.base import Built
 
+#: Called with each memory timeline a run keeps and whether it is the peak step's.
+TimelineCallback = Callable[[StepTimeline, bool], None]
+
 __all__ = [
+    "TimelineCallback",
     "resolve_device",
     "run_experiment",
     "conclude",
@@ -71,6 +76,7 @@ def run_experiment(
     snapshot_path: str | None = None,
     model: Built | None = None,
     rank: Sharding | None = None,
+    on_timeline: TimelineCallback | None = None,
 ) -> RunSummary:
     """Run ``spec`` and return its summary; ``on_step(record)`` gets each step as it ends.
 
@@ -92,6 +98,11 @@ def run_experiment(
             must be run with): the model is wrapped for it, strategy ``auto`` plans on rank
             0 and shares the plan, the single-process gradient check runs on rank 0 only and
             the timed steps are unpaired. Default: None (one process).
+        on_timeline: called, once the run has measured, with each memory timeline kept
+            (a :class:`ckptlab.analysis.timeline.StepTimeline` and whether it is the peak
+            step's): the first step's and the peak step's of a CPU run read by the exact
+            tracker (:mod:`ckptlab.worker.engine.timeline`; none on CUDA, for compiled
+            runs or with ``record_timeline`` off). Default: None.
 
     Returns:
         The summary, a :class:`~ckptlab.summary.RunSummary` (its ``dump()`` is what is
@@ -146,6 +157,7 @@ def run_experiment(
             meter = Meter(dev, spec.memory_limit_bytes, allocator_events=strategy.compiles and dev.type == "cpu")
             run = RunContext(spec, strategy, dev, meter, where, on_step, rank=rank)
             summary = _measure(run, build, snapshot_path, ranges)
+            kept = run.timelines
         except RunError as exc:
             exc.warnings = warnings_so_far()
             raise
@@ -173,7 +185,20 @@ def run_experiment(
             raise RunError(f"{type(exc).__name__}: {exc}", warnings=warnings_so_far()) from exc
         caught = warnings_so_far()
     summary = RunSummary.model_validate({**summary.dump(), **finite_or_none(check)})
+    _hand_over_timelines(summary, kept, on_timeline)
     return conclude(summary, spec, strategy, planned, caught)
+
+
+def _hand_over_timelines(
+    summary: RunSummary, kept: list[tuple[StepTimeline, bool]], on_timeline: TimelineCallback | None
+) -> None:
+    """The kept memory timelines to ``on_timeline``, and the peak step's checkpointed regions
+    (what each meant to keep against what it kept: a finding when more) to ``summary``."""
+    keeps = next((tl.region_keeps for tl, is_peak in kept if is_peak), None)
+    if keeps:
+        summary.region_keeps = keeps
+    for timeline, is_peak in kept if on_timeline is not None else ():
+        on_timeline(timeline, is_peak)
 
 
 def _plan_and_check(

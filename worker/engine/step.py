@@ -111,13 +111,13 @@ def instrumented_step(run: StepContext) -> dict[str, Any]:
                 peak_cats[name] = dict(probe.peak_by_category)
 
     for micro in range(spec.grad_accum_steps):
+        where["phase"] = "forward"  # the batch is the forward's (a timeline's phases)
         x, y = built.make_batch(spec.batch_size, gen)
         x, y = x.to(dev), y.to(dev)
         meter.sync()
         probe.reset_peak()
         before = probe.live_bytes
         rng_before = meter.rng_state_bytes
-        where["phase"] = "forward"
         meter.set_category(MemoryCategory.ACTIVATIONS)
         t0 = time.perf_counter()
         with autocast():

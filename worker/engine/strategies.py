@@ -46,6 +46,7 @@ __all__ = [
     "GroupedAway",
     "apply_strategy",
     "selective_policy",
+    "policy_saved_ops",
     "RecomputeHook",
     "first_tensor",
     "next_args",
@@ -68,9 +69,8 @@ _ATTENTION = {
 }
 
 
-def selective_policy(name: str) -> Callable:
-    """The policy function for a named selective-checkpointing policy
-    (:class:`ckptlab.strategies.SelectivePolicy` says what each keeps).
+def _saved_ops(name: str) -> set:
+    """The ops whose outputs the selective policy ``name`` saves.
 
     Raises:
         ValueError: unknown name.
@@ -82,7 +82,27 @@ def selective_policy(name: str) -> Callable:
     }
     if name not in saved:
         raise ValueError(f"unknown selective policy {name!r}")
-    keep = saved[SelectivePolicy(name)]
+    return saved[SelectivePolicy(name)]
+
+
+def policy_saved_ops(name: str) -> frozenset[str]:
+    """Names of the ops whose outputs the selective policy ``name`` saves (``aten.mm.default``:
+    what a memory timeline names an op).
+
+    Raises:
+        ValueError: unknown name.
+    """
+    return frozenset(str(op) for op in _saved_ops(name))
+
+
+def selective_policy(name: str) -> Callable:
+    """The policy function for a named selective-checkpointing policy
+    (:class:`ckptlab.strategies.SelectivePolicy` says what each keeps).
+
+    Raises:
+        ValueError: unknown name.
+    """
+    keep = _saved_ops(name)
 
     def policy(ctx, op, *args, **kwargs):
         return CheckpointPolicy.MUST_SAVE if op in keep else CheckpointPolicy.PREFER_RECOMPUTE

@@ -51,10 +51,11 @@ CATEGORIES = tuple(c.value for c in MemoryCategory)  # the one vocabulary, ckptl
 
 
 class _Info:
-    __slots__ = ("nbytes", "category", "rng_state")
+    __slots__ = ("nbytes", "category", "rng_state", "block")
 
     def __init__(self, nbytes: int, category: str):
         self.nbytes, self.category, self.rng_state = nbytes, category, False
+        self.block = -1  # its id in the step a timeline records (ckptlab.worker.measure.timeline)
 
 
 def inner_tensors(t: torch.Tensor) -> list[torch.Tensor]:
@@ -93,6 +94,9 @@ class LiveTensorTracker(TorchDispatchMode):
         high_water_bytes: highest ``live_bytes`` since construction (never reset).
         category: category given to new storages (default ``other``).
         rng_state_bytes: bytes of live RNG states among ``live_bytes`` (see below).
+        recorder: told of every counted allocation and free while set (a
+            :class:`ckptlab.worker.measure.timeline.TimelineRecorder` during a recorded
+            step); None (the default): nothing is told, nothing costs.
 
     RNG states: ``torch.get_rng_state()`` builds its tensor outside the dispatcher, so no
     dispatch mode sees it; yet each ``checkpoint`` with ``preserve_rng_state`` keeps one
@@ -124,6 +128,7 @@ class LiveTensorTracker(TorchDispatchMode):
         super().__init__()
         self.block_bytes, self.count_rng_states, self.events = block_bytes, count_rng_states, events
         self._paused = 0
+        self.recorder = None
         self.live_bytes = 0
         self.rng_state_bytes = 0
         self.peak_bytes = 0
@@ -158,6 +163,8 @@ class LiveTensorTracker(TorchDispatchMode):
         def get_rng_state() -> torch.Tensor:
             state = inner()
             key = state.untyped_storage()._cdata
+            if self.recorder is not None:
+                self.recorder.op = "torch.get_rng_state"
             try:
                 self.track(state)
             finally:  # counted even when the count raised the emulated out-of-memory
@@ -198,6 +205,10 @@ class LiveTensorTracker(TorchDispatchMode):
         self.by_category[info.category] -= info.nbytes
         if info.nbytes == 0:
             info.category = self.category
+        if self.recorder is not None:  # a free of the old size, an allocation of the new
+            self.recorder.free(info)
+            self.recorder.op = "UntypedStorage.resize_"
+            self.recorder.alloc(info, new)
         info.nbytes = 0
         self._add(info, new)
 
@@ -211,6 +222,8 @@ class LiveTensorTracker(TorchDispatchMode):
                 self.rng_state_bytes -= info.nbytes
             if self.events is not None:
                 self.events.append((key, -info.nbytes))
+            if self.recorder is not None:
+                self.recorder.free(info)
 
     @contextlib.contextmanager
     def untracked(self) -> Iterator[None]:
@@ -249,6 +262,8 @@ class LiveTensorTracker(TorchDispatchMode):
         self._live[key] = (weakref.ref(st, functools.partial(self._on_free, key)), info)
         if self.events is not None:
             self.events.append((key, nbytes))
+        if self.recorder is not None:
+            self.recorder.alloc(info, nbytes)
         self._add(info, nbytes)
 
     def _add(self, info: _Info, nbytes: int) -> None:
@@ -291,6 +306,8 @@ class LiveTensorTracker(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        if self.recorder is not None:
+            self.recorder.op = func
         if type(out) is torch.Tensor:  # the common case, without pytree's overhead
             self.track(out)
         else:

@@ -113,6 +113,8 @@ class Meter:
             self.source = "live tensors"
         #: False during the CPU timing pass: hooks then leave the tracker alone.
         self.tracking = True
+        #: The timeline recorder of the step being recorded (told of recomputations), or None.
+        self.timeline: Any = None
         self.recompute_peak = 0
         self.optimizer_states_tagged = 0
         self._recompute_start = 0
@@ -169,6 +171,8 @@ class Meter:
         """Hook for :class:`ckptlab.worker.engine.strategies.CheckpointedGroup` around a recomputation."""
         if not self.tracking:
             return
+        if self.timeline is not None:
+            self.timeline.recompute(starting)
         if starting:
             self._recompute_start = self.probe.live_bytes
             if not self.cuda:

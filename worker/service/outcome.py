@@ -10,12 +10,13 @@ from __future__ import annotations
 import re
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from ckptlab.analysis.timeline import StepTimeline, encode
 from ckptlab.db.queue import finish_experiment, requeue_experiment
 from ckptlab.db.retry import with_retry
 from ckptlab.db.store import get_experiment
@@ -27,7 +28,16 @@ from ckptlab.worker.measure.hostmem import is_out_of_memory, oom_details
 from ckptlab.worker.service.devices import engine_device
 from ckptlab.worker.service.writer import StepWriteError, StepWriter
 
-__all__ = ["Job", "record_run", "error_text", "log_text", "RECORD_DEADLINE_S", "ERROR_LIMIT", "LOG_LIMIT"]
+__all__ = [
+    "Job",
+    "record_run",
+    "timeline_row",
+    "error_text",
+    "log_text",
+    "RECORD_DEADLINE_S",
+    "ERROR_LIMIT",
+    "LOG_LIMIT",
+]
 
 #: How long the last steps and the outcome are each retried against a locked or unreachable
 #: database, seconds: twice the default 60 s lease, so a stall the worker's heartbeats
@@ -125,6 +135,8 @@ class _Outcome:
     lost: bool = False
     #: The traceback of a run that raised (:func:`log_text`), for ``experiments.log``.
     log: str | None = None
+    #: The memory timelines of a run that succeeded, as stored (:func:`timeline_row`).
+    timelines: list[dict[str, Any]] = field(default_factory=list)
 
 
 def record_run(Session: sessionmaker[Session], job: Job) -> Status:
@@ -188,6 +200,7 @@ def record_run(Session: sessionmaker[Session], job: Job) -> Status:
             warnings=outcome.warnings,
             snapshot_path=snapshot if outcome.status == Status.SUCCEEDED else None,
             log=outcome.log,
+            timelines=outcome.timelines if outcome.status == Status.SUCCEEDED else (),
         ),
         deadline_s=RECORD_DEADLINE_S,
     )
@@ -236,6 +249,7 @@ def _run(spec: ExperimentSpec, job: Job, writer: StepWriter, snapshot: str | Non
     from ckptlab.worker.engine.run import run_experiment  # imports torch: only where experiments run
 
     first_step_at: list[float] = []
+    timelines: list[dict[str, Any]] = []
 
     def on_step(rec: dict[str, Any]) -> None:
         if not first_step_at:
@@ -248,10 +262,32 @@ def _run(spec: ExperimentSpec, job: Job, writer: StepWriter, snapshot: str | Non
 
         summary = run_distributed(spec, on_step=on_step, device="cpu")
     else:
-        summary = run_experiment(spec, on_step=on_step, device=device, snapshot_path=snapshot, model=job.model)
+        summary = run_experiment(
+            spec,
+            on_step=on_step,
+            device=device,
+            snapshot_path=snapshot,
+            model=job.model,
+            on_timeline=lambda tl, is_peak: timelines.append(timeline_row(tl, is_peak)),
+        )
     if job.claimed_at is not None and first_step_at:
         summary.claim_to_first_step_s = first_step_at[0] - job.claimed_at
-    return _Outcome(Status.SUCCEEDED, summary, None, list(summary.warnings))
+    return _Outcome(Status.SUCCEEDED, summary, None, list(summary.warnings), timelines=timelines)
+
+
+def timeline_row(tl: StepTimeline, is_peak: bool) -> dict[str, Any]:
+    """A memory timeline as :func:`ckptlab.db.queue.finish_experiment` stores it: the blob
+    (:func:`ckptlab.analysis.timeline.encode`) and its figures (bytes, event indices)."""
+    peak_bytes, peak_index = tl.peak()
+    return {
+        "step": tl.step,
+        "is_peak": is_peak,
+        "n_events": tl.n_events,
+        "baseline_bytes": tl.baseline_bytes,
+        "peak_bytes": peak_bytes,
+        "peak_index": peak_index,
+        "data": encode(tl),
+    }
 
 
 def _failure(exc: Exception) -> _Outcome:

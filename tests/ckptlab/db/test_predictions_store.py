@@ -7,16 +7,16 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from alembic import command
 from sqlalchemy import inspect, text
 from sqlalchemy.exc import IntegrityError
 
 from ckptlab.db import store
-from ckptlab.db.database import _alembic_config, make_engine
+from ckptlab.db.database import make_engine
 from ckptlab.db.models import Prediction
 from ckptlab.domain import Status
 from ckptlab.summary import PredictionInfo, RunSummary
 from tests.factories import make_spec
+from tests.support import alembic_to
 
 SUMMARY = RunSummary(
     device="cuda",
@@ -121,15 +121,10 @@ def test_listing_filters_pages_and_counts(any_session):
 
 def test_the_migration_goes_down_and_up_again(any_database_url):
     engine = make_engine(any_database_url)
-    cfg = _alembic_config()
     try:
-        with engine.begin() as conn:
-            cfg.attributes["connection"] = conn
-            command.downgrade(cfg, "0007")
+        alembic_to(engine, "0007", down=True)
         assert "predictions" not in inspect(engine).get_table_names()
-        with engine.begin() as conn:
-            cfg.attributes["connection"] = conn
-            command.upgrade(cfg, "head")
+        alembic_to(engine, "head", down=False)
         tables = inspect(engine)
         assert "predictions" in tables.get_table_names()
         assert {i["name"] for i in tables.get_indexes("predictions")} == {

@@ -1,0 +1,104 @@
+"""The timeline recorder (issue 34): every allocation and free the tracker counts, in order,
+adding up to the tracker's own live bytes, named after the module that made it (in
+backward, the module whose forward made the autograd node), marked when autograd saved it;
+and nothing left behind once a step ends or raises."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from ckptlab.domain import MemoryCategory, Unattributed
+from ckptlab.worker.measure.memory import LiveTensorTracker
+from ckptlab.worker.measure.timeline import TimelineRecorder
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(16, 32)
+        self.act = nn.ReLU()
+        self.fc2 = nn.Linear(32, 4)
+
+    def forward(self, x):
+        return self.fc2(self.act(self.fc1(x)))
+
+
+def _record(tracker: LiveTensorTracker, model: nn.Module, where: dict) -> dict:
+    names = {m: n for n, m in model.named_modules()}
+    rec = TimelineRecorder(tracker, names)
+    tracker.reset_peak()
+    rec.begin(where)
+    where["phase"] = "forward"
+    x = torch.randn(8, 16)
+    loss = model(x).square().sum()
+    where["phase"] = "backward"
+    loss.backward()
+    del loss, x
+    assert tracker.recorder is rec
+    return rec.end() | {"recorder": rec, "live": tracker.live_bytes, "peak": tracker.peak_bytes}
+
+
+def test_the_events_add_up_to_the_trackers_live_bytes_and_are_named():
+    tracker = LiveTensorTracker()
+    with tracker:
+        model = Net()
+        before = tracker.live_bytes
+        where = {"phase": "setup"}
+        cols = _record(tracker, model, where)
+    ev, nbytes = cols["events"], cols["nbytes"]
+    resident = int(nbytes[: cols["n_resident"]].sum())
+    assert resident == before
+    delta = np.where(ev < 0, -nbytes[np.where(ev < 0, ~ev, ev)], nbytes[np.where(ev < 0, ~ev, ev)])
+    assert resident + int(delta.sum()) == cols["live"]
+    assert resident + max(int(np.cumsum(delta).max()), 0) == cols["peak"]  # the tracker's peak, to the byte
+
+    made = ev[ev >= 0]
+    module = [cols["modules"][m] for m in cols["module"][made]]
+    assert module[0] == Unattributed.BATCH  # the input, before the model ran
+    assert {"fc1", "act", "fc2", Unattributed.LOSS} <= set(module)
+    # in backward: the gradient of fc1's weight is made by fc1's node (its forward made it)
+    ops = [cols["ops"][o] for o in cols["op"][made]]
+    assert "aten.addmm.default" in ops and "aten.relu.default" in ops
+    backward = cols["phases"][1][0]
+    assert cols["phases"] == [(0, "forward"), (backward, "backward")]
+    backward_modules = {module[i] for i, e in enumerate(made) if np.flatnonzero(ev == e)[0] >= backward}
+    assert {"fc1", "fc2"} <= backward_modules
+    # relu's output is saved for backward (threshold_backward), the loss's square input too
+    relu = next(e for e, o in zip(made, ops, strict=True) if o == "aten.relu.default")
+    assert cols["saved"][relu] and not cols["recomputed"].any()
+    assert cols["categories"] == [c.value for c in MemoryCategory]
+
+
+def test_nothing_is_left_behind_after_a_step():
+    tracker = LiveTensorTracker()
+    with tracker:
+        model = Net()
+        cols = _record(tracker, model, {"phase": "setup"})
+        rec = cols["recorder"]
+        assert tracker.recorder is None
+        assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
+        assert torch._C._autograd._top_saved_tensors_default_hooks(True) is None
+        # a step that raises leaves nothing behind either
+        rec.begin({"phase": "forward"})
+        with pytest.raises(RuntimeError):
+            try:
+                model(torch.randn(8, 3))
+            except RuntimeError:
+                rec.abort()
+                raise
+        assert tracker.recorder is None and all(not m._forward_hooks for m in model.modules())
+        assert torch._C._autograd._top_saved_tensors_default_hooks(True) is None
+
+
+def test_name_renames_the_live_block_of_a_tensor():
+    tracker = LiveTensorTracker()
+    with tracker:
+        model = Net()
+        rec = TimelineRecorder(tracker, {model: ""})
+        rec.begin({"phase": "forward"})
+        rec.name([model.fc1.weight], "fc1")
+        cols = rec.end()
+    assert "fc1" in cols["modules"] and Unattributed.UNKNOWN in cols["modules"]

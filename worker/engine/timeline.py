@@ -1,0 +1,202 @@
+"""The memory pass's timelines (issue 34): each step of a CPU run measured by the exact
+live-tensor tracker is recorded (:class:`ckptlab.worker.measure.timeline.TimelineRecorder`),
+and two are kept: the first step and the step that reaches the run's peak (the summary's
+``peak_allocated_bytes``: the highest step after the warm-up, the first on a tie).
+
+Modules are named by their fully-qualified names in the model as built, before
+checkpointing regrouped it: a checkpointed group's members (``blocks.0.group.1``) keep the
+names of the blocks they were (``blocks.1``), so runs of every strategy name the same
+modules alike. Each checkpointed (or offloaded) group is a checkpoint region, named by the
+blocks it holds (``blocks.2`` or ``blocks.2-3``). Parameters and buffers, their gradients
+and their optimizer state are named after the module that owns the parameter.
+
+Nothing here runs in the timing pass: the hooks live only while a step is recorded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Iterator
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from torch import nn
+
+from ckptlab.analysis.timeline import RECOMPUTED, RESIDENT, SAVED, StepTimeline
+from ckptlab.settings import get_settings
+from ckptlab.spec.experiment import ExperimentSpec
+from ckptlab.strategies import Mechanism, Strategy
+from ckptlab.worker.engine.strategies import CheckpointedGroup, OffloadedGroup, policy_saved_ops
+from ckptlab.worker.measure.meter import Meter
+from ckptlab.worker.measure.timeline import RecordedStep, TimelineRecorder
+from ckptlab.worker.models.base import Built
+
+__all__ = ["TimelineContext", "TimelineKeeper", "module_names"]
+
+
+class TimelineContext(Protocol):
+    """What the keeper reads of a run (:class:`ckptlab.worker.engine.context.RunContext`)."""
+
+    spec: ExperimentSpec
+    strategy: Strategy
+    meter: Meter
+    built: Built
+    params: list[nn.Parameter]
+    opt: torch.optim.Optimizer
+    where: dict[str, Any]
+
+
+def module_names(root: nn.Module) -> tuple[dict[nn.Module, str], dict[nn.Module, int], list[str]]:
+    """``(names, regions, region_names)`` of ``root``'s modules: each module's
+    fully-qualified name as built (a checkpointed group's member ``<c>.<i>.group.<j>`` is
+    ``<c>.<i+j>``), the index of the checkpoint region each module of a checkpointed or
+    offloaded group runs in, and the regions' names (``<c>.<i>``, or ``<c>.<i>-<k>`` for
+    blocks ``i`` to ``k``)."""
+    renames: list[tuple[str, str]] = []
+    regions: dict[nn.Module, int] = {}
+    region_names: list[str] = []
+    for fqn, module in root.named_modules():
+        if isinstance(module, CheckpointedGroup | OffloadedGroup) and hasattr(module, "blocks_range"):
+            start, end = module.blocks_range
+            container = fqn.rpartition(".")[0]
+            prefix = f"{container}." if container else ""
+            renames += [(f"{fqn}.group.{j}", f"{prefix}{start + j}") for j in range(end - start)]
+            region_names.append(f"{prefix}{start}" + (f"-{end - 1}" if end - start > 1 else ""))
+            for sub in module.modules():
+                regions[sub] = len(region_names) - 1
+
+    def renamed(fqn: str) -> str:
+        for old, new in renames:
+            if fqn == old or fqn.startswith(old + "."):
+                return new + fqn[len(old) :]
+        return fqn
+
+    return {m: renamed(fqn) for fqn, m in root.named_modules()}, regions, region_names
+
+
+def _timeline(step: int, columns: dict[str, Any], regions: list[str]) -> StepTimeline:
+    """A recorder's columns as the stored contract, its ``flags`` made from its bits and its
+    regions named."""
+    for keep in columns["region_keeps"]:
+        keep["region"] = regions[keep["region"]]
+    saved, recomputed = columns.pop("saved"), columns.pop("recomputed")
+    flags = np.where(saved, SAVED, 0) | np.where(recomputed, RECOMPUTED, 0)
+    flags[: columns["n_resident"]] |= RESIDENT
+    return StepTimeline(step=step, flags=flags.astype(np.uint8), regions=regions, **columns)
+
+
+class TimelineKeeper:
+    """Records each memory-pass step of ``run`` and keeps the first and the peak step.
+
+    Use :meth:`for_run` (None where no timeline is recorded), then :meth:`recording` around
+    each step and :meth:`keep` with its record; :meth:`kept` gives what to store.
+    """
+
+    def __init__(self, run: TimelineContext):
+        self.run = run
+        names, regions, self.region_names = module_names(run.built.module)
+        roots = {m: i for m, i in regions.items() if isinstance(m, CheckpointedGroup)}  # each recomputing group
+        ck = run.spec.checkpoint
+        policy = policy_saved_ops(ck.policy) if run.strategy.mechanism == Mechanism.CHECKPOINT_WITH_POLICY else ()
+        self.recorder = TimelineRecorder(
+            run.meter.probe,  # type: ignore[arg-type]
+            names,
+            regions,
+            region_roots=roots,
+            policy_ops=policy,
+        )
+        #: id of each parameter and buffer -> (it, the name of the module owning it)
+        self.owner: dict[int, tuple[torch.Tensor, str]] = {}
+        for module, fqn in names.items():
+            for t in (*module.parameters(recurse=False), *module.buffers(recurse=False)):
+                self.owner.setdefault(id(t), (t, fqn))
+        #: storage key -> module name of the parameters, buffers and (once made) optimizer state
+        self.by_key = {t.untyped_storage()._cdata: fqn for t, fqn in self.owner.values()}
+        self._state_named = False
+        #: the step just recorded: (step, what the recorder left), made a timeline if kept
+        self.last: tuple[int, RecordedStep] | None = None
+        self._first: StepTimeline | None = None
+        self._best: dict[bool, tuple[int, StepTimeline]] = {}
+
+    @classmethod
+    def for_run(cls, run: TimelineContext, *, real: bool) -> TimelineKeeper | None:
+        """A keeper for ``run``, or None: off (``record_timeline``), not the exact CPU
+        tracker (CUDA, the CPU allocator probe of compiled runs), or not a ``real`` run
+        (a prediction on fake tensors, a rank of a sharded run)."""
+        if not (real and run.meter.exact and get_settings().record_timeline):
+            return None
+        return cls(run)
+
+    @contextlib.contextmanager
+    def recording(self, step: int) -> Iterator[None]:
+        """Record step ``step`` (:attr:`last` afterwards, for :meth:`keep`)."""
+        rec, meter = self.recorder, self.run.meter
+        self.last = None
+        rec.begin(self.run.where, self.by_key)
+        handles = [
+            p.register_post_accumulate_grad_hook(functools.partial(self._name_grad, self._owner_of(p)))
+            for p in self.run.params
+        ]
+        meter.timeline = rec
+        try:
+            yield
+        except BaseException:
+            rec.abort()
+            raise
+        finally:
+            meter.timeline = None
+            for h in handles:
+                h.remove()
+        if not self._state_named:  # the optimizer makes its state in its first step
+            self._name_optimizer_state()
+        self.last = (step, rec.stop())
+
+    def _owner_of(self, t: torch.Tensor) -> str | None:
+        entry = self.owner.get(id(t))
+        return entry[1] if entry is not None and entry[0] is t else None
+
+    def _name_grad(self, fqn: str | None, p: nn.Parameter) -> None:
+        if fqn is not None and p.grad is not None:
+            self.recorder.name([p.grad], fqn)
+
+    def _name_optimizer_state(self) -> None:
+        """Name the optimizer state after its parameters' modules, and remember its storages
+        (kept from step to step: Adam's moments are updated in place)."""
+        for p, state in self.run.opt.state.items():
+            fqn = self._owner_of(p)
+            tensors = [v for v in state.values() if isinstance(v, torch.Tensor)]
+            if fqn is not None:
+                self.recorder.name(tensors, fqn)
+                self.by_key.update((t.untyped_storage()._cdata, fqn) for t in tensors)
+        self._state_named = len(self.run.opt.state) > 0
+
+    def keep(self, record: dict[str, Any], *, measured: bool) -> None:
+        """Keep :attr:`last` if it is the first step or the highest so far (``record``: its
+        step record; ``measured``: past the warm-up, where the summary's peak is taken); a
+        step not kept is dropped without making its columns."""
+        if self.last is None:
+            return
+        (step, recorded), peak = self.last, record["peak_allocated_bytes"]
+        self.last = None
+        classes = [
+            c for c in ((False, True) if measured else (False,)) if c not in self._best or peak > self._best[c][0]
+        ]
+        if step != 1 and not classes:
+            return
+        tl = _timeline(step, recorded.columns(), self.region_names)
+        if step == 1:
+            self._first = tl
+        for cls in classes:
+            self._best[cls] = (peak, tl)
+
+    def kept(self) -> list[tuple[StepTimeline, bool]]:
+        """``(timeline, is_peak)`` of the first step and of the peak step (once when the
+        same): the peak step as the summary takes it (after the warm-up when any step is)."""
+        best = self._best.get(True) or self._best.get(False)
+        peak = best[1] if best else None
+        out = [(self._first, self._first is peak)] if self._first is not None else []
+        if peak is not None and peak is not self._first:
+            out.append((peak, True))
+        return out

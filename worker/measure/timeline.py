@@ -1,0 +1,398 @@
+"""The memory timeline of one step (issue 34): every allocation and free the exact live-tensor
+tracker counts, in order, each with the module that made the tensor, the op, the phase,
+whether autograd saved it for backward and the checkpoint region it was made in.
+
+The tracker (:class:`ckptlab.worker.measure.memory.LiveTensorTracker`) tells its
+``recorder`` of each counted allocation and free; this module names them:
+
+- **Module**: module forward pre-hooks and hooks keep a stack of the modules running (in
+  forward, and in a checkpoint's recomputation during backward). In backward, the autograd
+  node running (``torch._C._current_autograd_node()``) is mapped back to the module whose
+  forward made it, by its sequence number (nodes are numbered in the order they are made,
+  ``torch._C._autograd._get_sequence_nr()``: the modules' hooks note where each module's
+  forward began and ended in that numbering). What runs outside every module is named by
+  its place in the step: ``<batch>`` (the input batch), ``<loss>`` (the loss and its
+  backward), ``<optimizer>`` (the optimizer's temporaries). Parameters, their gradients
+  and the optimizer state are named after the module owning the parameter
+  (:meth:`TimelineRecorder.name`). What none of this names is ``unknown``.
+- **Saved for backward**: a saved-tensor pack hook (``torch.autograd.graph.saved_tensors_hooks``)
+  marks what autograd saves outside checkpoint regions (a checkpoint's own hooks take over
+  inside one); what a checkpoint region made in forward and still held at the end of
+  forward (its RNG state, a selective policy's saved outputs, its output) is marked too.
+- **Recomputation**: the spans between :meth:`TimelineRecorder.recompute` calls (the
+  engine's recomputation hook); blocks made in them are marked recomputed.
+
+Example usage::
+
+    recorder = TimelineRecorder(tracker, names={model: "", model.fc: "fc"})
+    with tracker:
+        recorder.begin(where)
+        loss = model(x).sum()
+        loss.backward()
+        events = recorder.end()  # the columns of ckptlab.analysis.timeline.StepTimeline
+
+Known limitations:
+    - Tensors a tensor subclass allocates inside its own dispatch are not seen (as by the
+      tracker). Nodes made outside a module's forward in backward (AccumulateGrad) are
+      ``unknown`` until the gradient is named after its parameter.
+    - A checkpoint region's saved tensors other than those it still holds at the end of
+      forward are not marked (they are not held).
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import functools
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from ckptlab.domain import Unattributed
+from ckptlab.worker.measure.memory import CATEGORIES, LiveTensorTracker
+
+__all__ = ["TimelineRecorder"]
+
+UNKNOWN, BATCH, LOSS, OPTIMIZER = (
+    Unattributed.UNKNOWN.value,
+    Unattributed.BATCH.value,
+    Unattributed.LOSS.value,
+    Unattributed.OPTIMIZER.value,
+)
+#: An autograd node's sequence number when it has none (AccumulateGrad: UINT64_MAX).
+_NO_SEQUENCE = 2**63
+_CATEGORY_CODES = {c: i for i, c in enumerate(CATEGORIES)}
+
+
+def _same(t: Any) -> Any:
+    """The unpack hook: the tensor as packed."""
+    return t
+
+
+class TimelineRecorder:
+    """Records one step's allocations and frees as counted by ``tracker``, named.
+
+    Args:
+        tracker: the run's live-tensor tracker (CPU; exact bytes).
+        names: module -> its fully-qualified name (hooks are put on these modules while a
+            step is recorded, and only then).
+        regions: module -> the index of the checkpoint region it runs in (the modules of a
+            checkpointed group); modules not in it run in none.
+        region_roots: the module that is each region (a checkpointed group) -> its index:
+            the first tensor of its output is the region's output (what it passes on).
+        policy_ops: names of the ops whose outputs a region's selective policy saves
+            (``aten.mm.default``); empty without a policy.
+
+    Attributes:
+        op: the op (``OpOverload``) or call the tracker is counting outputs of (set by the tracker).
+    """
+
+    def __init__(
+        self,
+        tracker: LiveTensorTracker,
+        names: Mapping[nn.Module, str],
+        regions: Mapping[nn.Module, int] | None = None,
+        *,
+        region_roots: Mapping[nn.Module, int] | None = None,
+        policy_ops: Iterable[str] = (),
+    ):
+        self.tracker, self.names, self.regions = tracker, dict(names), dict(regions or {})
+        self.region_roots, self.policy_ops = dict(region_roots or {}), frozenset(policy_ops)
+        self.op: Any = None
+        self._hooks: list[Any] = []
+        self._saved_hooks: contextlib.ExitStack | None = None
+        self._reset()
+
+    def _reset(self) -> None:
+        #: per block: (tracker entry, bytes, module, region, op, made in a recomputation)
+        self._blocks: list[tuple[Any, int, str, int, Any, bool]] = []
+        self._renamed: dict[int, str] = {}
+        self._events: list[int] = []
+        #: blocks autograd packed -> the region whose forward packed it (-1: none)
+        self._saved: dict[int, int] = {}
+        #: each region's output block -> the region
+        self._outputs: dict[int, int] = {}
+        self._phases: list[tuple[int, str]] = []
+        self._recompute_spans: list[list[int]] = []
+        self._stack: list[tuple[str, int]] = []
+        self._depths: list[int] = []  # the module stack's depth as each recomputation began
+        self._seqs: list[int] = []
+        self._owners: list[tuple[str, int]] = []
+        self._phase: str | None = None
+        self._backward = False
+        self._scope = BATCH
+        self._recomputing = 0
+        self._last_seq = -1
+        self._last_owner: tuple[str, int] = (UNKNOWN, -1)
+        self._resident = 0
+        self._where: Mapping[str, Any] = {}
+
+    # -- a step ------------------------------------------------------------------------
+
+    def begin(self, where: Mapping[str, Any], names_by_key: Mapping[int, str] | None = None) -> None:
+        """Start recording a step: the blocks alive now are its resident blocks, named by
+        their storage's key (``UntypedStorage._cdata``) in ``names_by_key`` (the parameters',
+        the optimizer state's), else ``unknown`` until :meth:`name` names them;
+        ``where["phase"]`` is read at each event. Call inside the tracker's mode."""
+        self._reset()
+        self._where = where
+        names_by_key = names_by_key or {}
+        blocks = self._blocks
+        for key, (_ref, info) in self.tracker._live.items():
+            info.block = len(blocks)
+            blocks.append((info, info.nbytes, names_by_key.get(key, UNKNOWN), -1, None, False))
+        self._resident = len(blocks)
+        for module, name in self.names.items():
+            region = self.regions.get(module, -1)
+            self._hooks.append(module.register_forward_pre_hook(functools.partial(self._enter, name, region)))
+            self._hooks.append(module.register_forward_hook(self._leave, always_call=True))
+        for module, region in self.region_roots.items():
+            self._hooks.append(module.register_forward_hook(functools.partial(self._region_output, region)))
+        self._saved_hooks = contextlib.ExitStack()
+        self._saved_hooks.enter_context(torch.autograd.graph.saved_tensors_hooks(self._pack, _same))
+        self.tracker.recorder = self
+
+    def end(self) -> dict[str, Any]:
+        """Stop recording; the step's columns (:meth:`RecordedStep.columns`)."""
+        return self.stop().columns()
+
+    def stop(self) -> RecordedStep:
+        """Stop recording; the step as recorded, its columns made only when asked for (a
+        step not kept costs no more)."""
+        self.tracker.recorder = None
+        self._stop_hooks()
+        step = RecordedStep(self, self.policy_ops)
+        self._reset()
+        return step
+
+    def abort(self) -> None:
+        """Stop recording without a result (the step raised)."""
+        self.tracker.recorder = None
+        self._stop_hooks()
+        self._reset()
+
+    def _stop_hooks(self) -> None:
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks.clear()
+        if self._saved_hooks is not None:
+            self._saved_hooks.close()
+            self._saved_hooks = None
+
+    # -- naming ------------------------------------------------------------------------
+
+    def name(self, tensors: Iterable[torch.Tensor], module: str) -> None:
+        """Name the live blocks of ``tensors`` after ``module`` (a parameter's owner: the
+        parameter, its gradient, its optimizer state)."""
+        live = self.tracker._live
+        for t in tensors:
+            if isinstance(t, torch.Tensor) and t.device.type != "meta":
+                entry = live.get(t.untyped_storage()._cdata)
+                if entry is not None and 0 <= entry[1].block < len(self._blocks):
+                    self._renamed[entry[1].block] = module
+
+    def recompute(self, starting: bool) -> None:
+        """A checkpoint's recomputation starts (True) or ends (False) now."""
+        if starting:
+            self._recomputing += 1
+            self._recompute_spans.append([len(self._events), len(self._events)])
+            self._depths.append(len(self._stack))
+        else:
+            self._recomputing = max(self._recomputing - 1, 0)
+            if self._recompute_spans:
+                self._recompute_spans[-1][1] = len(self._events)
+            # the module stack as the recomputation found it (an early stop may skip hooks)
+            del self._stack[self._depths.pop() if self._depths else 0 :]
+
+    def _enter(self, name: str, region: int, _module: nn.Module, _args: Any) -> None:
+        self._stack.append((name, region))
+        self._seqs.append(torch._C._autograd._get_sequence_nr())
+        self._owners.append((name, region))
+
+    def _leave(self, _module: nn.Module, _args: Any, _output: Any) -> None:
+        if self._stack:
+            self._stack.pop()
+        if not self._stack and not self._recomputing:
+            self._scope = LOSS  # the model returned: what follows is the loss
+        self._seqs.append(torch._C._autograd._get_sequence_nr())
+        self._owners.append(self._stack[-1] if self._stack else (self._scope, -1))
+
+    def _node_owner(self) -> tuple[str, int]:
+        """The module whose forward made the autograd node running now (backward)."""
+        node = torch._C._current_autograd_node()
+        if node is None:
+            return LOSS, -1  # the engine's seed gradient, before any node runs
+        seq = node._sequence_nr()
+        if seq != self._last_seq:
+            i = bisect.bisect_right(self._seqs, seq) - 1
+            self._last_seq = seq
+            self._last_owner = self._owners[i] if 0 <= i and seq < _NO_SEQUENCE else (UNKNOWN, -1)
+        return self._last_owner
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        if type(t) is torch.Tensor and t.device.type != "meta":
+            entry = self.tracker._live.get(t.untyped_storage()._cdata)
+            if entry is not None and entry[1].block >= 0:
+                self._saved.setdefault(entry[1].block, self._stack[-1][1] if self._stack else -1)
+        return t
+
+    def _region_output(self, region: int, _module: nn.Module, _args: Any, output: Any) -> None:
+        first = output[0] if isinstance(output, tuple) and output else output
+        if type(first) is torch.Tensor and first.device.type != "meta":
+            entry = self.tracker._live.get(first.untyped_storage()._cdata)
+            if entry is not None and entry[1].block >= 0:
+                self._outputs[entry[1].block] = region
+
+    # -- the tracker's calls -----------------------------------------------------------
+
+    def _note_phase(self) -> None:
+        phase = self._where.get("phase")
+        if phase != self._phase:
+            self._phase = phase
+            self._phases.append((len(self._events), phase))
+            self._backward = phase == "backward"
+            if phase == "forward":
+                self._scope = BATCH
+            elif phase == "optimizer":
+                self._scope = OPTIMIZER
+
+    def alloc(self, info: Any, nbytes: int) -> None:
+        """The tracker counted a new storage of ``nbytes`` bytes (``info``: its entry)."""
+        self._note_phase()
+        if self._stack:
+            name, region = self._stack[-1]
+        elif self._backward:
+            name, region = self._node_owner()
+        else:
+            name, region = self._scope, -1
+        info.block = len(self._blocks)
+        self._blocks.append((info, nbytes, name, region, self.op, self._recomputing > 0))
+        self._events.append(info.block)
+
+    def free(self, info: Any) -> None:
+        """The tracker saw a counted storage freed (``info``: its entry)."""
+        if 0 <= info.block < len(self._blocks) and self._blocks[info.block][0] is info:
+            self._note_phase()
+            self._events.append(~info.block)
+
+
+def _op_name(op: Any) -> str:
+    """An op's name as stored: ``aten.mm.default``; a call outside the dispatcher as given;
+    ``(none)`` for a block alive before the step."""
+    return "(none)" if op is None else str(op)
+
+
+class RecordedStep:
+    """One recorded step as the recorder left it (:meth:`TimelineRecorder.stop`): per block
+    its tracker entry, bytes, module, region, op and whether a recomputation made it; the
+    events, the blocks autograd packed, the phases and recomputation spans. Its categories
+    are read from the tracker's entries when :meth:`columns` is called (a block's category
+    at its free, or now: retags happen as the engine learns what a tensor is, within its
+    step)."""
+
+    def __init__(self, recorder: TimelineRecorder, policy_ops: frozenset[str]):
+        r = recorder
+        self.blocks, self.renamed, self.events, self.saved = r._blocks, r._renamed, r._events, r._saved
+        self.outputs, self.phases, self.recompute_spans = r._outputs, r._phases, r._recompute_spans
+        self.resident, self.policy_ops = r._resident, policy_ops
+        self.region_roots = set(r.region_roots.values())
+
+    def columns(self) -> dict[str, Any]:
+        """The step's columns (those of :class:`ckptlab.analysis.timeline.StepTimeline` but
+        ``step`` and ``regions``): ``events`` (int32: a block's id at its allocation, ``~id``
+        at its free; blocks are numbered as they are allocated, after the resident ones), per
+        block ``nbytes`` (int64, bytes), ``category`` (uint8, index into ``categories``),
+        ``module`` / ``op`` / ``region`` (int32 indices into ``modules`` / ``ops`` / the
+        engine's regions; -1: none), ``saved`` and ``recomputed`` (bool); ``phases`` ((first
+        event index, phase) where each phase starts), ``recompute_spans`` ((first, end) event
+        indices), ``n_resident`` (blocks ``0 .. n_resident - 1`` were alive as the step began)
+        and ``region_keeps`` (:meth:`region_keeps`)."""
+        n = len(self.blocks)
+        infos, nbytes, module, region_of, op, recomputed = zip(*self.blocks, strict=True) if n else ([],) * 6
+        module = list(module)
+        for block, name in self.renamed.items():
+            module[block] = name
+        modules: dict[str, int] = {}
+        ops: dict[Any, int] = {}
+        module_code = np.fromiter((modules.setdefault(m, len(modules)) for m in module), np.int32, n)
+        op_code = np.fromiter((ops.setdefault(o, len(ops)) for o in op), np.int32, n)
+        op_names = [_op_name(o) for o in ops]
+        events = np.array(self.events, dtype=np.int32)
+        region = np.array(region_of, dtype=np.int32)
+        sizes = np.array(nbytes, dtype=np.int64)
+        saved = np.zeros(n, dtype=bool)
+        saved[np.fromiter(self.saved, np.int64, len(self.saved))] = True
+        kept = self._kept_by_regions(events, region)
+        saved[kept] = True
+        return {
+            "events": events,
+            "nbytes": sizes,
+            "category": np.fromiter((_CATEGORY_CODES[i.category] for i in infos), np.uint8, n),
+            "module": module_code,
+            "op": op_code,
+            "region": region,
+            "saved": saved,
+            "recomputed": np.array(recomputed, dtype=bool),
+            "categories": list(CATEGORIES),
+            "modules": list(modules),
+            "ops": op_names,
+            "phases": list(self.phases),
+            "recompute_spans": [tuple(s) for s in self.recompute_spans],
+            "n_resident": self.resident,
+            "region_keeps": self.region_keeps(
+                kept, sizes, region, [module[b] for b in kept], [op_names[op_code[b]] for b in kept]
+            ),
+        }
+
+    def region_keeps(
+        self, kept: np.ndarray, sizes: np.ndarray, region: np.ndarray, modules: list[str], ops: list[str]
+    ) -> list[dict[str, Any]]:
+        """Per checkpointed region (issue 34, item 3): what its checkpoint meant to keep from
+        forward to backward against what it kept, in bytes. Meant: its inputs (what its
+        checkpoint saved that was made before it), its RNG state and its selective policy's
+        saved outputs. Kept: those, and every other block it made in the first forward and
+        still held at its end, but its output (passed on: the next region's input). The
+        difference, ``excess_bytes``, is what a region kept beyond its inputs (a block
+        returning an intermediate the model keeps), with its largest blocks (``excess``:
+        module, op, bytes). ``kept``: the blocks regions made and held (ids), ``modules`` /
+        ``ops``: their names."""
+        roots = set(self.region_roots)
+        figures = {
+            r: dict.fromkeys(("inputs_bytes", "rng_state_bytes", "policy_bytes", "excess_bytes"), 0) for r in roots
+        }
+        excess: dict[int, list[tuple[int, str, str]]] = {r: [] for r in roots}
+        for block, by in self.saved.items():
+            if by in figures and region[block] != by:
+                figures[by]["inputs_bytes"] += int(sizes[block])
+        for block, mod, op in zip(kept.tolist(), modules, ops, strict=True):
+            r = int(region[block])
+            if r not in figures or self.outputs.get(block) == r:
+                continue
+            key = (
+                "rng_state_bytes" if op == "torch.get_rng_state" else "policy_bytes" if op in self.policy_ops else None
+            )
+            if key is None:
+                excess[r].append((int(sizes[block]), mod, op))
+                key = "excess_bytes"
+            figures[r][key] += int(sizes[block])
+        out = []
+        for r in sorted(figures):
+            f = figures[r]
+            intended = f["inputs_bytes"] + f["rng_state_bytes"] + f["policy_bytes"]
+            top = sorted(excess[r], key=lambda e: -e[0])[:3]
+            out.append(
+                {"region": r, **f, "intended_bytes": intended, "kept_bytes": intended + f["excess_bytes"]}
+                | {"excess": [{"module": m, "op": o, "bytes": b} for b, m, o in top]}
+            )
+        return out
+
+    def _kept_by_regions(self, events: np.ndarray, region: np.ndarray) -> np.ndarray:
+        """Blocks a checkpoint region made in the first forward and still held at its end."""
+        start = next((i for i, p in self.phases if p == "forward"), len(events))
+        end = next((i for i, p in self.phases if i > start and p != "forward"), len(events))
+        first = events[:end]
+        made = first[first >= 0]
+        return np.setdiff1d(made[region[made] >= 0], ~first[first < 0])
