@@ -168,6 +168,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 )
             )
         app.state.side_tasks = [t.start() for t in tasks]
+        # The OpenAPI document, built once before the first request: the method and stream
+        # middlewares route by it, and building it on a first request cost ~300 ms
+        # (bench/bench_timeline.py: a fresh process's first timeline read 387 ms).
+        app.openapi()
         yield
         for t in tasks:
             t.stop()
