@@ -7,10 +7,12 @@
  *   #/sweeps/<id>?budget=2GiB&overhead=20&sort=peak  one sweep: charts, runs, recommendation
  *   #/plans/<id>                                     a plan for a memory budget and its verdict
  *   #/predictions/<id>?run=<id>                      a prediction: fits or not, and beside a real run
+ *   #/timeline?ids=1,2,3 (or ?sweep=<id>)            memory timelines of several runs on one axis
  *
  * Modules: util.js (the server's vocabulary, formatting, API), live.js (resumable streams),
  * budget.js (lists, sizes, budgets; no DOM), charts.js (Plotly figures),
- * form.js, sweep_plan.js (the server's dry run), list.js, experiment.js, sweep.js, plan.js.
+ * form.js, sweep_plan.js (the server's dry run), list.js, experiment.js, sweep.js, plan.js,
+ * timeline.js (one run's memory timeline), timeline_overlay.js (several runs').
  */
 
 import { $, META, apiToken, parseHash, setApiToken, setAuthHandler, setConnectionHandler } from './util.js';
@@ -20,6 +22,7 @@ import { hideExperiment, initExperiment, showExperiment } from './experiment.js'
 import { hideSweep, initSweep, showSweep } from './sweep.js';
 import { hidePlan, showPlan } from './plan.js';
 import { hidePrediction, showPrediction } from './prediction.js';
+import { hideOverlay, initOverlay, showOverlay } from './timeline_overlay.js';
 
 let sweepSeed = null; // the POST /api/sweeps answer, shown at once on the new sweep's page
 
@@ -78,6 +81,7 @@ function route() {
   hideSweep();
   hidePlan();
   hidePrediction();
+  hideOverlay();
   let m;
   if ((m = /^\/experiments\/(\d+)\/?$/.exec(path))) {
     showView('view-experiment');
@@ -93,6 +97,9 @@ function route() {
   } else if ((m = /^\/predictions\/(\d+)\/?$/.exec(path))) {
     showView('view-prediction');
     showPrediction(Number(m[1]));
+  } else if (path === '/timeline') {
+    showView('view-timeline');
+    showOverlay(params);
   } else if (path === '/new') {
     showView('view-new');
     showNew(params);
@@ -111,5 +118,6 @@ initForm({
 initList();
 initExperiment();
 initSweep();
+initOverlay();
 window.addEventListener('hashchange', route);
 route();

@@ -11,6 +11,7 @@ import { fillForm } from './form.js';
 import { renderProgress, watchProgress } from './progress.js';
 import { setStatus, renderSpec, renderSummary, renderEnvironment, renderDownloads, renderHistory, findBaseline } from './experiment_summary.js';
 import { resetRanks } from './ranks.js';
+import { renderTimeline } from './timeline.js';
 
 /** Steps are re-read with their memory breakdown (which the stream does not carry) at most
  * this often while a run is live, and only for runs up to EXTRA_MAX_STEPS steps. */
@@ -334,6 +335,7 @@ function renderAll(exp) {
   renderEnvironment(exp.summary);
   renderDownloads(exp);
   renderHistory(exp.id);
+  renderTimeline(exp);
 }
 
 function reset(id) {

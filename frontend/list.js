@@ -63,7 +63,7 @@ function experimentRow(exp) {
   const tr = el('tr', { dataset: { id: exp.id, status: exp.status }, class: 'clickable' },
     el('td', { class: 'num' }, el('a', { href }, String(exp.id))),
     el('td', { class: 'wrap' }, modelLabel(spec)),
-    el('td', null, strategyLabel(spec)),
+    el('td', { class: 'wrap' }, strategyLabel(spec)),
     el('td', null, flagLabel(spec, 'use_reentrant')),
     el('td', null, flagLabel(spec, 'preserve_rng_state')),
     el('td', null, spec.amp || '—'),
@@ -147,7 +147,7 @@ function renderSweeps(page) {
   $('sweeps-count').textContent = page.count > data.length ? `newest ${data.length} of ${page.count}` : '';
   $('sweeps').tBodies[0].replaceChildren(...data.map((sw) => el('tr', { dataset: { sweep: sw.id }, class: 'clickable' },
     el('td', { class: 'num' }, el('a', { href: `#/sweeps/${sw.id}` }, String(sw.id))),
-    el('td', { class: 'wrap' }, el('a', { href: `#/sweeps/${sw.id}` }, sw.name)),
+    el('td', { class: 'wrap' }, el('a', { href: `#/sweeps/${sw.id}` }, sw.name), ' · ', el('a', { href: `#/timeline?sweep=${sw.id}`, class: 'small' }, 'timelines')),
     el('td', { class: 'muted wrap' }, axesText(sw.axes)),
     progressCell(sw.progress, sw.cancelled),
     el('td', { class: 'muted', title: fmtDate(sw.created_at) }, fmtAgo(sw.created_at)),

@@ -55,6 +55,7 @@ export function renderHeader(sw) {
     el('a', { href: `/api/sweeps/${id}/results?format=csv`, download: `sweep-${id}-results.csv`, class: 'button secondary small' }, 'Results CSV'),
     el('a', { href: `/api/sweeps/${id}/results`, download: `sweep-${id}-results.json`, class: 'button secondary small' }, 'Results JSON'),
     el('a', { href: `/api/experiments/export?format=csv&sweep_id=${id}`, download: `sweep-${id}-experiments.csv`, class: 'button secondary small' }, 'Experiments CSV'),
+    el('a', { href: `#/timeline?sweep=${id}`, id: 'sweep-overlay', class: 'button secondary small', title: 'memory timelines of its runs on one axis' }, 'Overlay timelines'),
   );
   renderProgress(sw.progress, sw.cancelled);
   const invalid = sw.invalid || [];
