@@ -83,7 +83,7 @@ function referenceDelta(s) {
 function overheadDelta(cmp) {
   const o = cmp && cmp.overhead;
   if (!o) return null;
-  if (!o.measurable) return el('span', { class: 'delta', title: cmp.overhead_text }, 'no measurable difference');
+  if (!o.measurable) return el('span', { class: 'delta', title: cmp.overhead_text }, `no measurable difference${o.unmeasured_why ? ` (${o.unmeasured_why})` : ''}`);
   return el('span', { class: `delta ${o.estimate_pct < 0 ? 'good' : 'bad'}`, title: cmp.overhead_text }, `${fmtPct(o.estimate_pct)} vs baseline`);
 }
 

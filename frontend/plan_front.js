@@ -55,7 +55,7 @@ export function pairedOf(p) {
 export function intervalText(o) {
   if (o.reference) return 'the reference (0%)';
   const ci = Number.isFinite(o.low_pct) && Number.isFinite(o.high_pct) ? ` (95% CI ${fmtPct(o.low_pct)} to ${fmtPct(o.high_pct)})` : '';
-  return `${fmtPct(o.estimate_pct)}${ci}${o.measurable === false ? ', within the noise' : ''}`;
+  return `${fmtPct(o.estimate_pct)}${ci}${o.measurable === false ? `, ${o.unmeasured_why || 'within the noise'}` : ''}`;
 }
 
 /** The succeeded points with a peak, split into those with a paired overhead and the others. */

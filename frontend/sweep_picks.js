@@ -24,7 +24,9 @@ export function overheadParts(row) {
   if (!o) return { main: '—', ci: '', title: row.overhead_text || 'no timed steps' };
   if (row.repeat_of != null) return { main: o.measurable ? `drift ${fmtPct(o.estimate_pct)}` : 'no measurable drift', ci: ci(o.low_pct, o.high_pct), title: row.overhead_text };
   if (o.not_comparable) return { main: 'not comparable', ci: ci(o.low_pct, o.high_pct), title: row.overhead_text };
-  return { main: o.measurable ? fmtPct(o.estimate_pct) : 'no measurable difference', ci: ci(o.low_pct, o.high_pct), title: row.overhead_text };
+  const fewRounds = !o.measurable && (o.unmeasured_why || '').startsWith('too few rounds');
+  const main = o.measurable ? fmtPct(o.estimate_pct) : fewRounds ? `${fmtPct(o.estimate_pct)}, too few rounds` : 'no measurable difference';
+  return { main, ci: ci(o.low_pct, o.high_pct), title: row.overhead_text };
 }
 
 /** The card's line for a pick: its label (a link), peak, paired overhead with its CI and

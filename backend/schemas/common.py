@@ -118,3 +118,8 @@ class OverheadPublic(BaseModel):
         description="a difference to report: comparable, at least 5 rounds, the CI excludes 0 and the estimate "
         "reaches the noise threshold"
     )
+    unmeasured_why: str | None = Field(
+        None,
+        description="why it is not measurable ('too few rounds (3; at least 5)', 'the 95% CI contains 0', "
+        "'below the noise threshold (±10%)', 'not comparable'); null when measurable",
+    )

@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 
 from ckptlab.analysis.progress import SweepEta, format_duration, sweep_eta
 from ckptlab.analysis.stats import (
+    MIN_ROUNDS,
     NOISE_THRESHOLD_PCT,
     RatioInterval,
     between_separate_runs,
@@ -249,7 +250,9 @@ def overhead_words(
     interval: RatioInterval | None, *, drift: bool = False, paired: str | bool | None = None
 ) -> str | None:
     """An overhead in words; "no measurable difference" when it is not measurable (its 95% CI
-    contains 0 or its estimate is below the noise threshold, :attr:`ckptlab.analysis.stats.RatioInterval.measurable`).
+    contains 0 or its estimate is below the noise threshold,
+    :attr:`ckptlab.analysis.stats.RatioInterval.measurable`), with the reason; over too few
+    rounds the estimate and "not called: too few rounds (3; at least 5)".
 
     With ``drift``: the same for a baseline's second run against its first ("drift: ...").
     ``paired``: say how it was measured (the clock of paired rounds, e.g. ``"CPU time"``:
@@ -264,7 +267,12 @@ def overhead_words(
         return f"drift since the first baseline run: {text}" if drift else text
     if paired is not None:
         ci += f"; {paired} of rounds paired with none in one process" if paired else f"; {UNPAIRED_WORDS}"
-    text = f"{interval.estimate_pct:+.0f}% ({ci})" if interval.measurable else f"no measurable difference ({ci})"
+    if interval.measurable:
+        text = f"{interval.estimate_pct:+.0f}% ({ci})"
+    elif interval.rounds is not None and interval.rounds < MIN_ROUNDS:  # an estimate, not a verdict
+        text = f"{interval.estimate_pct:+.0f}% ({ci}), not called: {interval.unmeasured_why}"
+    else:
+        text = f"no measurable difference ({ci}; {interval.unmeasured_why})"
     return f"drift since the first baseline run: {text}" if drift else text
 
 

@@ -229,10 +229,26 @@ class RatioInterval:
         excludes_zero = self.low_pct > 0 or self.high_pct < 0
         return excludes_zero and abs(self.estimate_pct) >= self.threshold_pct
 
+    @property
+    def unmeasured_why(self) -> str | None:
+        """Why :attr:`measurable` is False, in words, or None when it is True: "not
+        comparable", "too few rounds (3; at least 5)", "the 95% CI contains 0" or "below the
+        noise threshold (±10%)" (a CI of +20% to +41% over 3 rounds must not read "no
+        measurable difference" without its reason)."""
+        if self.measurable:
+            return None
+        if self.not_comparable is not None:
+            return "not comparable"
+        if self.rounds is not None and self.rounds < MIN_ROUNDS:
+            return f"too few rounds ({self.rounds}; at least {MIN_ROUNDS})"
+        if not (self.low_pct > 0 or self.high_pct < 0):
+            return "the 95% CI contains 0"
+        return f"below the noise threshold (±{self.threshold_pct:g}%)"
+
     def as_dict(self) -> dict[str, float | bool | int | str | None]:
         """JSON-able: ``estimate_pct, low_pct, high_pct, threshold_pct, rounds,
-        not_comparable, measurable``."""
-        return {**asdict(self), "measurable": self.measurable}
+        not_comparable, measurable, unmeasured_why``."""
+        return {**asdict(self), "measurable": self.measurable, "unmeasured_why": self.unmeasured_why}
 
 
 @_remembered

@@ -55,3 +55,18 @@ def test_the_accumulation_pitfalls_are_stated_as_measured(tmp_path, guide_env):
     lines = run_block(block, tmp_path, guide_env).splitlines()
     assert "iter_loss += loss: +0 B per step, 3 memory steps, []" in lines
     assert "outputs in a list: +640 B per step, 6 memory steps, ['memory_grows_per_step']" in lines
+
+
+def test_every_image_the_readme_shows_is_a_screenshot_the_browser_tests_take():
+    """Issue 32 item 7: the README's screenshots are the browser tests' (``make screenshots``
+    regenerates every one), and the pages it promises are among them (the plan page)."""
+    root = Path(__file__).resolve().parents[2]
+    readme = (root / "README.md").read_text()
+    shown = re.findall(r"\]\(docs/screenshots/([\w.-]+\.png)\)", readme)
+    taken = set()
+    for test in (root / "tests" / "frontend").glob("test_*.py"):
+        taken |= set(re.findall(r'_screenshot\(page, "([\w.-]+\.png)"', test.read_text()))
+    assert "plan.png" in shown
+    for name in shown:
+        assert name in taken, f"{name}: no browser test takes it, so make screenshots would never refresh it"
+        assert (root / "docs" / "screenshots" / name).is_file(), name

@@ -72,6 +72,7 @@ def test_plan_a_budget_and_see_the_blocks_the_budget_line_and_the_front(app_url:
     front = page.evaluate("document.getElementById('plan-chart-front').data[0]")
     assert front["name"] == "measured front" and len(front["x"]) >= 1
     expect(page.locator("#plan-recommendation")).to_contain_text("Use ")
+    _screenshot(page, "plan.png")  # the README's "Plan for a budget"
     tab.assert_no_errors()
 
 

@@ -59,3 +59,16 @@ def test_a_paired_run_is_judged_on_its_own_rounds_not_against_a_separate_run():
     row = {r.experiment_id: r for r in sweep_rows(sweep, noise_threshold_pct=10)}[2]
     assert 29 < row.metrics["overhead_pct"] < 31
     assert "CPU time of rounds paired with none in one process" in row.overhead_text
+
+
+def test_overhead_words_give_an_estimate_over_too_few_rounds_and_a_reason_for_no_difference():
+    """An overhead over 3 rounds is an estimate, not "no measurable difference" (the plan
+    page read "no measurable difference (95% CI +20% to +41%)")."""
+    from ckptlab.analysis.stats import RatioInterval
+    from ckptlab.backend.services.sweeps import overhead_words
+
+    few = RatioInterval(33.0, 20.0, 41.0, rounds=3)
+    assert overhead_words(few) == "+33% (95% CI +20% to +41%), not called: too few rounds (3; at least 5)"
+    spans_zero = RatioInterval(4.0, -2.0, 9.0, rounds=20)
+    assert overhead_words(spans_zero) == "no measurable difference (95% CI -2% to +9%; the 95% CI contains 0)"
+    assert overhead_words(RatioInterval(33.0, 20.0, 41.0, rounds=20)) == "+33% (95% CI +20% to +41%)"

@@ -120,3 +120,15 @@ def test_fewer_than_five_rounds_are_never_measurable():
     few = ratio_ci([10.0, 10.1, 9.9, 10.0], [20.0, 20.1, 19.9, 20.0])
     assert few.rounds == 4 and not few.measurable and few.low_pct > 50
     assert ratio_ci(_noisy(10.0, 5, seed=3, jitter=0.01), _noisy(20.0, 5, seed=4, jitter=0.01)).measurable
+
+
+def test_an_unmeasurable_overhead_says_why():
+    """The plan page read "+33% (95% CI +20% to +41%), within the noise" over 3 rounds: the
+    reason must come with the verdict."""
+    few = RatioInterval(33.0, 20.0, 41.0, rounds=3)
+    assert not few.measurable and few.unmeasured_why == "too few rounds (3; at least 5)"
+    assert RatioInterval(4.0, -2.0, 9.0, rounds=20).unmeasured_why == "the 95% CI contains 0"
+    small = RatioInterval(4.0, 2.0, 6.0, threshold_pct=10.0, rounds=20)
+    assert small.unmeasured_why == "below the noise threshold (±10%)"
+    assert RatioInterval(33.0, 20.0, 41.0, rounds=20).unmeasured_why is None
+    assert RatioInterval(33.0, 20.0, 41.0, rounds=20).as_dict()["unmeasured_why"] is None
