@@ -233,11 +233,15 @@ class TimelineRecorder:
         return self._last_owner
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        """Marks ``t``'s block saved for backward; keeps a detached alias (same storage, no
+        new bytes): the tensor itself, an op's own output (sigmoid, relu, softmax), would tie
+        the output to its graph node in a cycle that outlives the step when backward never
+        reaches that node (an output the loss ignores), as BlockRecorder._pack says."""
         if type(t) is torch.Tensor and t.device.type != "meta":
             entry = self.tracker._live.get(t.untyped_storage()._cdata)
             if entry is not None and entry[1].block >= 0:
                 self._saved.setdefault(entry[1].block, self._stack[-1][1] if self._stack else -1)
-        return t
+        return t.detach()
 
     def _region_output(self, region: int, _module: nn.Module, _args: Any, output: Any) -> None:
         first = output[0] if isinstance(output, tuple) and output else output

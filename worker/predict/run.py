@@ -265,7 +265,9 @@ def _plan(spec: ExperimentSpec, strategy: Strategy, session: FakeSession, build:
         raise _no_plan(exc, budget, workspace) from exc
     tracker = session.tracker
     profile_peak = tracker.high_water_bytes + session.workspace_bytes if tracker else None
-    peak = planned.plan.predicted_peak_bytes + workspace
+    # The room left out was both threads' workspaces; the peak adds those the profile step
+    # allocated (no backward matmul, or no cuBLAS at all, allocates fewer).
+    peak = planned.plan.predicted_peak_bytes + session.workspace_bytes
     return dataclasses.replace(
         planned, budget_bytes=budget, plan=dataclasses.replace(planned.plan, predicted_peak_bytes=peak)
     ), profile_peak
