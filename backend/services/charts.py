@@ -30,7 +30,7 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ckptlab.backend.services.recommend import order_by_overhead, row_overhead
+from ckptlab.backend.services.recommend import order_by_overhead, rank_rows, row_overhead
 from ckptlab.backend.services.sweeps import SweepRow, sweep_rows
 from ckptlab.db.models import Sweep
 from ckptlab.domain import Status
@@ -252,7 +252,8 @@ def _time_vs_segments(sweep: Sweep, rows: Sequence[SweepRow], specs: _Specs) -> 
 def _pareto(sweep: Sweep, rows: Sequence[SweepRow], specs: _Specs) -> go.Figure:
     """Peak against the overhead each run's table row shows (paired with an un-checkpointed
     copy where timed so; bars: 95% CI; a baseline at 0), never raw step times of separate
-    runs (issue 32). The frontier follows the recommendation's order
+    runs (issue 32). The frontier is the recommendation's candidates (``rank`` set by
+    :func:`ckptlab.backend.services.recommend.rank_rows`) in its order
     (:func:`ckptlab.backend.services.recommend.order_by_overhead`): a point is on it when
     nothing before it in that order has a lower peak, so the budget's pick is on it. Points
     carry their experiment ids (``ids``) for the page to mark its picks. Runs whose overhead
@@ -268,13 +269,16 @@ def _pareto(sweep: Sweep, rows: Sequence[SweepRow], specs: _Specs) -> go.Figure:
         sel = [r for r in pts if r.role == role]
         if sel:
             fig.add_trace(_overhead_points(sel, overhead, name, metric))
-    front = _ranked_front(order_by_overhead(pts, rows), metric)
+    # The recommendation's candidates only (rank_rows: succeeded, gradients not differing),
+    # in its order; drawn as markers: ranked by the CI's high end, a line through the
+    # estimates could run backwards.
+    front = _ranked_front(order_by_overhead([r for r in pts if r.rank is not None], rows), metric)
     fig.add_trace(
         go.Scatter(
             x=[overhead[r.experiment_id].estimate_pct for r in front],
             y=[r.metrics[metric] for r in front],
             ids=[str(r.experiment_id) for r in front],
-            mode="lines+markers",
+            mode="markers",
             name="pareto frontier",
             text=[r.label for r in front],
             line={"shape": "hv"},
@@ -421,6 +425,7 @@ def build_chart(sweep: Sweep, *, name: str) -> dict[str, Any]:
         KeyError: ``name`` is not a chart.
     """
     rows = sweep_rows(sweep)
+    rank_rows(rows)  # the recommendation's candidates and order (the pareto frontier reads it)
     specs = {e.id: e.experiment_spec for e in sweep.experiments}
     fig = CHARTS[name](sweep, rows, specs)
     out = json.loads(fig.to_json(validate=False))

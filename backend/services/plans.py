@@ -17,7 +17,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckptlab.backend.services.charts import pareto_frontier
 from ckptlab.backend.services.recommend import Recommendation, recommend
 from ckptlab.backend.services.sweeps import SweepRow, sweep_rows
 from ckptlab.db.models import Sweep
@@ -107,8 +106,9 @@ class PlanPoint:
     with, round by round in its own process (:meth:`SweepRow.paired_overhead`, as
     ``RatioInterval.as_dict``; ``overhead_clock`` names the clock), or None where its
     timing pass was not paired (the baseline itself, torch.compile's points, a sharded
-    run): the only overhead the plan's front is drawn with. ``on_front``: no other point
-    with a paired overhead (the baseline's is 0) is both lower in peak and in overhead.
+    run): the only overhead the plan's front is drawn with. ``on_front``: no point ranked
+    before it (by the high end of the overhead's CI, as the recommendation ranks) has a
+    lower peak.
     ``predicted_overhead``: for the auto run, the plan's own prediction of its overhead
     (``plan.predicted_overhead``, in % with its interval) where the planner gives one."""
 
@@ -248,19 +248,25 @@ def _point(r: SweepRow, budget: int) -> PlanPoint:
 
 
 def _mark_front(points: Sequence[PlanPoint]) -> None:
-    """Set ``on_front`` on the measured points no other beats on both peak and paired
-    overhead (the baseline's overhead is 0: it is the reference); points without a paired
-    overhead are not compared (their times come from separate runs)."""
-    x = {
-        i: 0.0 if p.strategy == BASELINE else p.paired_overhead["estimate_pct"]
-        for i, p in enumerate(points)
-        if p.peak_allocated_bytes is not None
-        and p.status == Status.SUCCEEDED
-        and (p.strategy == BASELINE or p.paired_overhead is not None)
-    }
-    done = list(x)
-    for i in pareto_frontier([(x[i], points[i].peak_allocated_bytes) for i in done]):
-        points[done[i]].on_front = True
+    """Set ``on_front`` as the recommendation ranks (:func:`ckptlab.backend.services.recommend.order_by_overhead`):
+    the measured points ordered by the high end of their paired overhead's 95% CI (the
+    baseline's is 0), then peak; a point is on the front when no point before it has a lower
+    peak, so the recommended point is on it. Points without a paired overhead (their times
+    come from separate runs) and points whose gradients differ are not compared."""
+    ranked = sorted(
+        (
+            (0.0 if p.strategy == BASELINE else p.paired_overhead["high_pct"], p.peak_allocated_bytes, i)
+            for i, p in enumerate(points)
+            if p.peak_allocated_bytes is not None
+            and p.status == Status.SUCCEEDED
+            and p.gradients_match is not False
+            and (p.strategy == BASELINE or p.paired_overhead is not None)
+        ),
+    )
+    lowest = float("inf")
+    for _high, peak, i in ranked:
+        if peak < lowest:
+            points[i].on_front, lowest = True, peak
 
 
 def plan_verdict(sweep: Sweep, *, noise_threshold_pct: float) -> PlanVerdict | None:

@@ -174,3 +174,24 @@ def test_a_plan_without_a_predicted_front_has_none():
     assert predicted_front({"segments": [], "checkpointed_blocks": []}) == []
     assert predicted_front(None) == []
     assert predicted_front({"front": [{"budget_bytes": 5}, "junk"]}) == []
+
+
+def test_the_plans_front_is_the_recommendations_order_so_the_pick_is_on_it():
+    """Review of issue 32: on estimates, #3 (+8%, CI -10 to 26, 90 MiB) beat #2 (+10%, CI 9
+    to 11, 100 MiB), so the recommended #2 was drawn off the front; ranked by the CI's high
+    end, #2 comes first and is on it, #3 too (lower peak), and a run whose gradients differ
+    never is."""
+    from ckptlab.backend.services.plans import PlanPoint, _mark_front
+
+    def point(i, strategy, peak, high, grads=True):
+        overhead = None if high is None else {"estimate_pct": 0.0, "low_pct": 0.0, "high_pct": high}
+        return PlanPoint(i, strategy, strategy, "succeeded", peak, None, None, None, grads, paired_overhead=overhead)
+
+    points = [
+        point(1, "none", 200, None, None),
+        point(2, "sequential", 100, 11.0),
+        point(3, "per_block", 90, 26.0),
+        point(4, "selective", 10, 5.0, grads=False),
+    ]
+    _mark_front(points)
+    assert [p.on_front for p in points] == [True, True, True, False]
