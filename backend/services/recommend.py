@@ -176,8 +176,9 @@ def _overhead_words(r: SweepRow, interval: RatioInterval | None) -> str:
 def _smallest_within(ranked: list[SweepRow], rows: Sequence[SweepRow], within_pct: float) -> dict | None:
     """The lowest-peak row of ``ranked`` (in :func:`order_by_overhead` order) whose
     overhead's estimate against its baseline is at most ``within_pct`` %: a row whose
-    estimate is above it is never named, however wide its CI; ties on peak go to the one
-    ranked first. None when none qualifies."""
+    estimate is above it is never named, however wide its CI; of peaks within 1% of the
+    lowest (``SAVING_THRESHOLD``, as the recommendation's lowest peak) the one ranked first.
+    None when none qualifies."""
     by_id = {r.experiment_id: r for r in rows}
     close = []
     for r in ranked:
@@ -186,7 +187,11 @@ def _smallest_within(ranked: list[SweepRow], rows: Sequence[SweepRow], within_pc
             close.append((r, interval))
     if not close:
         return None
-    best, interval = min(close, key=lambda pair: _peak(pair[0]))  # min keeps the first of equal peaks
+    # As the recommendation without a budget: of peaks within 1% of the lowest (the saving
+    # threshold), the one ranked first, so the two answers never disagree on a near tie.
+    low = min(_peak(r) for r, _ in close)
+    margin = max(SAVING_THRESHOLD * low, SAVING_FLOOR_BYTES)
+    best, interval = next(pair for pair in close if _peak(pair[0]) - low <= margin)
     return {
         "experiment_id": best.experiment_id,
         "label": best.label,
@@ -347,8 +352,10 @@ def _lowest_peak(rows: Sequence[SweepRow], pool: _Pool) -> tuple[SweepRow | None
     r = next(x for x in pool.saving if _peak(x) - low <= margin)  # ranked: the fastest of the tie in peak
     saved = r.metrics.get("peak_saving_pct")
     by_id = {x.experiment_id: x for x in rows}
+    lowest = "" if _peak(r) == low else f" (the lowest is {format_bytes(low)}; within 1% of it, this one is faster)"
     return r, (
         f"the lowest peak with a real saving: {format_bytes(_peak(r))}"
         + (f" ({saved:.0f}% below its baseline)" if saved is not None else "")
-        + f", overhead {_overhead_words(r, row_overhead(r, by_id))}; of peaks within 1% of it, the fastest"
+        + f", overhead {_overhead_words(r, row_overhead(r, by_id))}{lowest}; of peaks within 1% of the lowest, "
+        "the fastest"
     )

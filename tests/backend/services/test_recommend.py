@@ -205,3 +205,17 @@ def test_within_names_nothing_above_the_limit_when_a_noisy_run_reaches_below_it(
     assert rows[2].overhead["low_pct"] <= 20 < rows[2].overhead["estimate_pct"]
     within = recommend(rows, budget_bytes=100 * MIB, within_pct=20).smallest_within
     assert within["experiment_id"] == 2 and within["overhead_pct"] <= 20
+
+
+def test_without_a_budget_the_pick_and_the_within_answer_agree_on_a_near_tie_in_peak():
+    """Review of issue 32: 100.5 MiB at +10% and 100.0 MiB at +20%. The lowest-peak pick takes
+    the faster of peaks within 1% of the lowest; "within 30%" took the exact minimum and named
+    the other. Both name the same run now, and the reason says which peak is the lowest."""
+    rows = [
+        sweep_row(1, peak=200 * MIB, activations=150 * MIB),
+        paired_row(2, 2, peak_mib=100.5, overhead_pct=10.0, spread_pct=1.0),
+        paired_row(3, 4, peak_mib=100.0, overhead_pct=20.0, spread_pct=1.0),
+    ]
+    rec = recommend(rows, within_pct=30)
+    assert rec.experiment_id == 2 and rec.smallest_within["experiment_id"] == 2
+    assert "the lowest is 100.0 MiB" in rec.reason
