@@ -17,13 +17,16 @@ Run from the repository root::
    (``fastapi.testclient``: the row read, the blob decompressed and decoded, the live
    bytes, MinMaxLTTB with the exact peak kept, the per-category levels, the response's
    JSON), and of ``GET /api/experiments/{id}/peak-holders``.
-3. **Recording cost.** The memory pass of ``--steps`` steps of each configuration of
-   :data:`CONFIGS`, with recording on and off, paired and interleaved: each round builds
+3. **Recording cost.** The memory pass of each configuration of :data:`CONFIGS` as a run
+   makes it (at most ``--steps`` steps, one warm-up, ending once two steps read the same
+   bytes: the spec's ``memory_early_stop``; recording the steps
+   :meth:`ckptlab.worker.engine.timeline.TimelineKeeper.wants`), with recording on and off,
+   paired and interleaved: each round builds
    the model twice and times one memory pass with recording and one without, in
    alternating order (on first in even rounds); the cost is the median over rounds of
    ``on / off - 1`` with its bootstrap 95% CI (:func:`ckptlab.analysis.stats.paired_ratio_ci`)
-   and the rounds' min and max; on one torch thread (as the timing pass: steadier on a
-   busy host). The timing pass is not measured: recording never runs in
+   and the rounds' min and max; the process's CPU time, on one torch thread (as the timing
+   pass: steadier on a busy host than wall time). The timing pass is not measured: recording never runs in
    it (``tests/worker/engine/test_timeline.py`` checks that no hook is left for it).
 
 Prints a Markdown table (or JSON with ``--json``).
@@ -219,8 +222,9 @@ def bench_cold(url: str, exp_id: int, samples: int, warm: bool) -> dict:
     } | {"points": out[0]["points"]}
 
 
-def _memory_pass_ms(spec, record: bool) -> tuple[float, int]:
-    """One memory pass of ``spec`` with recording on or off: its ms and the peak step's events."""
+def _memory_pass_ms(spec, record: bool) -> tuple[float, int, int]:
+    """One memory pass of ``spec`` with recording on or off: its ms, the peak step's events
+    and the steps it ran."""
     import torch
 
     from ckptlab.settings import get_settings
@@ -235,11 +239,11 @@ def _memory_pass_ms(spec, record: bool) -> tuple[float, int]:
     run = RunContext(spec, get_strategy(spec.checkpoint.strategy), dev, meter, {"phase": "setup", "step": 0}, None)
     with meter.mode():
         run.build(None)
-        t0 = time.perf_counter()
+        t0 = time.process_time()  # CPU time: steadier than wall time on a busy host
         run.memory_pass()
-        elapsed = (time.perf_counter() - t0) * 1e3
+        elapsed = (time.process_time() - t0) * 1e3
     events = max((tl.n_events for tl, _ in run.timelines), default=0)
-    return elapsed, events
+    return elapsed, events, len(run.records)
 
 
 def bench_recording(name: str, cfg: dict, rounds: int, steps: int, threads: int = 1) -> dict:
@@ -247,19 +251,17 @@ def bench_recording(name: str, cfg: dict, rounds: int, steps: int, threads: int 
     ``threads`` torch threads (default 1, as the timing pass: steadier on a busy host)."""
     from ckptlab.spec.experiment import ExperimentSpec
 
-    spec = ExperimentSpec.model_validate(
-        {**cfg, "steps": steps, "warmup_steps": 1, "memory_early_stop": False, "device": "cpu", "seed": 0}
-    )
+    spec = ExperimentSpec.model_validate({**cfg, "steps": steps, "warmup_steps": 1, "device": "cpu", "seed": 0})
     import torch
 
-    on, off, events = [], [], 0
+    on, off, events, steps_run = [], [], 0, 0
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         _memory_pass_ms(spec, True)  # warm-up: first calls, imports
         for i in range(rounds):
             for record in (True, False) if i % 2 == 0 else (False, True):
-                ms, n = _memory_pass_ms(spec, record)
+                ms, n, steps_run = _memory_pass_ms(spec, record)
                 (on if record else off).append(ms)
                 events = max(events, n)
     finally:
@@ -268,7 +270,7 @@ def bench_recording(name: str, cfg: dict, rounds: int, steps: int, threads: int 
     ratios = [100 * (a / b - 1) for a, b in zip(on, off, strict=True)]
     return {
         "config": name,
-        "steps": steps,
+        "steps": steps_run,
         "events_per_step": events,
         "off_ms": statistics.median(off),
         "on_ms": statistics.median(on),
@@ -287,7 +289,12 @@ def main() -> None:
     ap.add_argument("--events", type=int, default=1_000_000)
     ap.add_argument("--cold", type=int, default=7, help="cold-read samples (fresh processes)")
     ap.add_argument("--rounds", type=int, default=10, help="paired rounds of the recording cost (0: not measured)")
-    ap.add_argument("--steps", type=int, default=4, help="memory-pass steps per round")
+    ap.add_argument(
+        "--steps",
+        type=int,
+        default=5,
+        help="memory-pass steps per round, at most (the spec's default: flat memory stops early)",
+    )
     ap.add_argument("--configs", help="comma-separated names of CONFIGS (default: all)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
@@ -330,7 +337,8 @@ def main() -> None:
     for r in recording:
         print(
             f"| memory pass, recording on vs off: {r['config']} ({r['events_per_step']:,} events/step, "
-            f"{r['steps']} steps) | {r['extra_pct']:+.1f}% (95% CI {r['ci_low_pct']:+.1f}..{r['ci_high_pct']:+.1f}; "
+            f"{r['steps']} steps run) | {r['extra_pct']:+.1f}% "
+            f"(95% CI {r['ci_low_pct']:+.1f}..{r['ci_high_pct']:+.1f}; "
             f"rounds {r['rounds_min_pct']:+.1f}..{r['rounds_max_pct']:+.1f}; {r['off_ms']:.0f} -> {r['on_ms']:.0f} ms, "
             f"{r['rounds']} rounds) |"
         )

@@ -101,9 +101,17 @@ def test_profile_runs_a_model_in_hand_and_the_dashboard_lists_it(database_url, d
     assert summary.database_url == url
     with TestClient(create_app(Settings(database_url=url, data_dir=data_dir))) as client:
         listed = client.get("/api/experiments").json()["data"]
+        timeline = client.get(f"/api/experiments/{summary.experiment_id}/timeline").json()
+        holders = client.get(f"/api/experiments/{summary.experiment_id}/peak-holders").json()
     (row,) = [e for e in listed if e["id"] == summary.experiment_id]
     assert row["spec"]["model"] == {"kind": "python", "target": f"{__name__}:_Net", "depth": 4, "kwargs": {}}
     assert row["status"] == "succeeded"
+    # its memory timeline (issue 34): the peak step's, named after the caller's own modules
+    assert timeline["step"] == timeline["peak_step"] and timeline["peak_bytes"] == summary.peak_allocated_bytes
+    assert holders["peak_bytes"] == summary.peak_allocated_bytes
+    assert sum(h["bytes"] for h in holders["holders"]) + holders["others_bytes"] == holders["peak_bytes"]
+    assert {"stem.0", "layers.0.lin", "head"} <= {h["module"] for h in holders["holders"]}
+    assert timeline["recomputations"] and "layers.3" in timeline["checkpoint_region"]
 
 
 def test_profile_without_targets_and_with_blocks_named(database_url):

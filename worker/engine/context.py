@@ -148,14 +148,14 @@ class RunContext:
 
     def memory_pass(self) -> None:
         """Up to ``spec.steps`` instrumented steps; stops early when memory is flat. A real
-        CPU run records each step's memory timeline and keeps its first and peak steps'
-        (:attr:`timelines`)."""
+        CPU run records the memory timeline of the steps :class:`TimelineKeeper` wants and
+        keeps its first and peak steps' (:attr:`timelines`)."""
         spec = self.spec
         times = StepTimes(skip=spec.warmup_steps)  # the progress estimate's step time
         keeper = TimelineKeeper.for_run(self, real=self.fake is None and self.rank is None)
         for step in range(1, spec.steps + 1):
             self.where["step"] = step
-            with keeper.recording(step) if keeper is not None else contextlib.nullcontext():
+            with keeper.recording(step) if keeper is not None and keeper.wants(step) else contextlib.nullcontext():
                 self.records.append(_memory_step(self, step))
             if keeper is not None:
                 keeper.keep(self.records[-1], measured=step > spec.warmup_steps)

@@ -1,7 +1,14 @@
-"""The memory pass's timelines (issue 34): each step of a CPU run measured by the exact
-live-tensor tracker is recorded (:class:`ckptlab.worker.measure.timeline.TimelineRecorder`),
-and two are kept: the first step and the step that reaches the run's peak (the summary's
-``peak_allocated_bytes``: the highest step after the warm-up, the first on a tie).
+"""The memory pass's timelines (issue 34): steps of a CPU run measured by the exact
+live-tensor tracker are recorded (:class:`ckptlab.worker.measure.timeline.TimelineRecorder`),
+and two are kept: the first step and a step that reaches the run's peak (the summary's
+``peak_allocated_bytes``: the highest step after the warm-up).
+
+Not every step is recorded (recording costs a step about a tenth to a quarter more time on
+small models, a fixed Python cost per allocation and per module call): the first step, the
+first step after the warm-up, and each step after one whose peak went above every step
+before it (:meth:`TimelineKeeper.wants`). Steps repeat once the optimizer state exists, so
+a flat memory records two steps and stops (``memory_early_stop``), and a memory that moves
+records the step after each move, which reaches the new peak when the steps then repeat.
 
 Modules are named by their fully-qualified names in the model as built, before
 checkpointing regrouped it: a checkpointed group's members (``blocks.0.group.1``) keep the
@@ -16,7 +23,6 @@ Nothing here runs in the timing pass: the hooks live only while a step is record
 from __future__ import annotations
 
 import contextlib
-import functools
 from collections.abc import Iterator
 from typing import Any, Protocol
 
@@ -31,7 +37,7 @@ from ckptlab.strategies import Mechanism, Strategy
 from ckptlab.worker.engine.strategies import CheckpointedGroup, OffloadedGroup, policy_saved_ops
 from ckptlab.worker.measure.meter import Meter
 from ckptlab.worker.measure.timeline import RecordedStep, TimelineRecorder
-from ckptlab.worker.models.base import Built
+from ckptlab.worker.models.base import Built, WrappedModel
 
 __all__ = ["TimelineContext", "TimelineKeeper", "module_names"]
 
@@ -51,7 +57,8 @@ class TimelineContext(Protocol):
 def module_names(root: nn.Module) -> tuple[dict[nn.Module, str], dict[nn.Module, int], list[str]]:
     """``(names, regions, region_names)`` of ``root``'s modules: each module's
     fully-qualified name as built (a checkpointed group's member ``<c>.<i>.group.<j>`` is
-    ``<c>.<i+j>``), the index of the checkpoint region each module of a checkpointed or
+    ``<c>.<i+j>``; inside a :class:`~ckptlab.worker.models.base.WrappedModel`, as its
+    author named it), the index of the checkpoint region each module of a checkpointed or
     offloaded group runs in, and the regions' names (``<c>.<i>``, or ``<c>.<i>-<k>`` for
     blocks ``i`` to ``k``)."""
     renames: list[tuple[str, str]] = []
@@ -73,7 +80,16 @@ def module_names(root: nn.Module) -> tuple[dict[nn.Module, str], dict[nn.Module,
                 return new + fqn[len(old) :]
         return fqn
 
-    return {m: renamed(fqn) for fqn, m in root.named_modules()}, regions, region_names
+    names = {m: renamed(fqn) for fqn, m in root.named_modules()}
+    if isinstance(root, WrappedModel):  # the model's own names: ``layers.0``, not ``model.layers.0``
+        names = {m: _unwrapped(name) for m, name in names.items()}
+        region_names = [_unwrapped(name) for name in region_names]
+    return names, regions, region_names
+
+
+def _unwrapped(name: str) -> str:
+    """``name`` without the adapter's ``model.`` (:class:`WrappedModel`)."""
+    return "" if name == "model" else name.removeprefix("model.")
 
 
 def _timeline(step: int, columns: dict[str, Any], regions: list[str]) -> StepTimeline:
@@ -88,10 +104,17 @@ def _timeline(step: int, columns: dict[str, Any], regions: list[str]) -> StepTim
 
 
 class TimelineKeeper:
-    """Records each memory-pass step of ``run`` and keeps the first and the peak step.
+    """Records memory-pass steps of ``run`` and keeps the first and a peak step.
 
-    Use :meth:`for_run` (None where no timeline is recorded), then :meth:`recording` around
-    each step and :meth:`keep` with its record; :meth:`kept` gives what to store.
+    Use :meth:`for_run` (None where no timeline is recorded), then, per step, :meth:`recording`
+    around it when :meth:`wants` it, and :meth:`keep` with its record (every step, recorded
+    or not); :meth:`kept` gives what to store.
+
+    Known limitations:
+        - The kept peak step may be a later step than the summary's peak step (the first
+          step reaching the peak) when that one was not recorded; it reaches the same bytes.
+        - A peak reached only by the pass's last step, after flat steps, is not recorded:
+          the kept step below it is then not marked the peak (:meth:`kept`).
     """
 
     def __init__(self, run: TimelineContext):
@@ -100,18 +123,19 @@ class TimelineKeeper:
         roots = {m: i for m, i in regions.items() if isinstance(m, CheckpointedGroup)}  # each recomputing group
         ck = run.spec.checkpoint
         policy = policy_saved_ops(ck.policy) if run.strategy.mechanism == Mechanism.CHECKPOINT_WITH_POLICY else ()
+        #: id of each parameter and buffer -> (it, the name of the module owning it)
+        self.owner: dict[int, tuple[torch.Tensor, str]] = {}
+        for module, fqn in names.items():
+            for t in (*module.parameters(recurse=False), *module.buffers(recurse=False)):
+                self.owner.setdefault(id(t), (t, fqn))
         self.recorder = TimelineRecorder(
             run.meter.probe,  # type: ignore[arg-type]
             names,
             regions,
             region_roots=roots,
             policy_ops=policy,
+            param_names=dict(self.owner.values()),
         )
-        #: id of each parameter and buffer -> (it, the name of the module owning it)
-        self.owner: dict[int, tuple[torch.Tensor, str]] = {}
-        for module, fqn in names.items():
-            for t in (*module.parameters(recurse=False), *module.buffers(recurse=False)):
-                self.owner.setdefault(id(t), (t, fqn))
         #: storage key -> module name of the parameters, buffers and (once made) optimizer state
         self.by_key = {t.untyped_storage()._cdata: fqn for t, fqn in self.owner.values()}
         self._state_named = False
@@ -119,6 +143,10 @@ class TimelineKeeper:
         self.last: tuple[int, RecordedStep] | None = None
         self._first: StepTimeline | None = None
         self._best: dict[bool, tuple[int, StepTimeline]] = {}
+        #: the highest peak of any step so far, of the steps after the warm-up (bytes)
+        self._highest: dict[bool, int] = {}
+        #: the last step's peak went above every step before it: record the next one
+        self._moved = False
 
     @classmethod
     def for_run(cls, run: TimelineContext, *, real: bool) -> TimelineKeeper | None:
@@ -129,16 +157,18 @@ class TimelineKeeper:
             return None
         return cls(run)
 
+    def wants(self, step: int) -> bool:
+        """Whether to record step ``step`` (1-based): the first step, the first after the
+        warm-up (``spec.warmup_steps``), and a step after one whose peak allocated bytes went
+        above every step's before it (in its class: warm-up, or after it)."""
+        return step in (1, self.run.spec.warmup_steps + 1) or self._moved
+
     @contextlib.contextmanager
     def recording(self, step: int) -> Iterator[None]:
         """Record step ``step`` (:attr:`last` afterwards, for :meth:`keep`)."""
         rec, meter = self.recorder, self.run.meter
         self.last = None
         rec.begin(self.run.where, self.by_key)
-        handles = [
-            p.register_post_accumulate_grad_hook(functools.partial(self._name_grad, self._owner_of(p)))
-            for p in self.run.params
-        ]
         meter.timeline = rec
         try:
             yield
@@ -147,8 +177,6 @@ class TimelineKeeper:
             raise
         finally:
             meter.timeline = None
-            for h in handles:
-                h.remove()
         if not self._state_named:  # the optimizer makes its state in its first step
             self._name_optimizer_state()
         self.last = (step, rec.stop())
@@ -156,10 +184,6 @@ class TimelineKeeper:
     def _owner_of(self, t: torch.Tensor) -> str | None:
         entry = self.owner.get(id(t))
         return entry[1] if entry is not None and entry[0] is t else None
-
-    def _name_grad(self, fqn: str | None, p: nn.Parameter) -> None:
-        if fqn is not None and p.grad is not None:
-            self.recorder.name([p.grad], fqn)
 
     def _name_optimizer_state(self) -> None:
         """Name the optimizer state after its parameters' modules, and remember its storages
@@ -173,12 +197,20 @@ class TimelineKeeper:
         self._state_named = len(self.run.opt.state) > 0
 
     def keep(self, record: dict[str, Any], *, measured: bool) -> None:
-        """Keep :attr:`last` if it is the first step or the highest so far (``record``: its
-        step record; ``measured``: past the warm-up, where the summary's peak is taken); a
-        step not kept is dropped without making its columns."""
+        """Note a step's peak (``record``: its step record, recorded or not; ``measured``:
+        past the warm-up, where the summary's peak is taken) and keep :attr:`last` if it is
+        the first step or the highest recorded so far; a step not kept is dropped without
+        making its columns."""
+        peak = record["peak_allocated_bytes"]
+        # a step moved when it went above the steps before it of its own kind (warm-up or
+        # after): the first step after the warm-up rises over it by the optimizer state, and
+        # is recorded anyway
+        self._moved = measured in self._highest and peak > self._highest[measured]
+        for c in (False, True) if measured else (False,):
+            self._highest[c] = max(peak, self._highest.get(c, peak))
         if self.last is None:
             return
-        (step, recorded), peak = self.last, record["peak_allocated_bytes"]
+        step, recorded = self.last
         self.last = None
         classes = [
             c for c in ((False, True) if measured else (False,)) if c not in self._best or peak > self._best[c][0]
@@ -192,11 +224,14 @@ class TimelineKeeper:
             self._best[cls] = (peak, tl)
 
     def kept(self) -> list[tuple[StepTimeline, bool]]:
-        """``(timeline, is_peak)`` of the first step and of the peak step (once when the
-        same): the peak step as the summary takes it (after the warm-up when any step is)."""
-        best = self._best.get(True) or self._best.get(False)
+        """``(timeline, is_peak)`` of the first step and of the highest recorded step (once
+        when the same); ``is_peak`` when it reaches the run's peak as the summary takes it
+        (the highest step after the warm-up when any step is)."""
+        cls = True if True in self._best else False
+        best = self._best.get(cls)
         peak = best[1] if best else None
-        out = [(self._first, self._first is peak)] if self._first is not None else []
+        reaches = best is not None and best[0] == self._highest.get(cls)
+        out = [(self._first, reaches and self._first is peak)] if self._first is not None else []
         if peak is not None and peak is not self._first:
-            out.append((peak, True))
+            out.append((peak, reaches))
         return out

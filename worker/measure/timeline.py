@@ -33,8 +33,9 @@ Example usage::
 
 Known limitations:
     - Tensors a tensor subclass allocates inside its own dispatch are not seen (as by the
-      tracker). Nodes made outside a module's forward in backward (AccumulateGrad) are
-      ``unknown`` until the gradient is named after its parameter.
+      tracker). A gradient buffer autograd hands to a parameter without a copy is named
+      after the module whose backward node made it (the module that used the parameter:
+      its owner but for shared weights).
     - A checkpoint region's saved tensors other than those it still holds at the end of
       forward are not marked (they are not held).
 """
@@ -43,13 +44,13 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-import functools
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
+from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
 from ckptlab.domain import Unattributed
 from ckptlab.worker.measure.memory import CATEGORIES, LiveTensorTracker
@@ -77,14 +78,16 @@ class TimelineRecorder:
 
     Args:
         tracker: the run's live-tensor tracker (CPU; exact bytes).
-        names: module -> its fully-qualified name (hooks are put on these modules while a
-            step is recorded, and only then).
+        names: module -> its fully-qualified name (global module hooks run while a step is
+            recorded, and only then; other modules are not followed).
         regions: module -> the index of the checkpoint region it runs in (the modules of a
             checkpointed group); modules not in it run in none.
         region_roots: the module that is each region (a checkpointed group) -> its index:
             the first tensor of its output is the region's output (what it passes on).
         policy_ops: names of the ops whose outputs a region's selective policy saves
             (``aten.mm.default``); empty without a policy.
+        param_names: parameter -> the name of the module owning it: a gradient that
+            autograd's ``AccumulateGrad`` node makes for it is named after that module.
 
     Attributes:
         op: the op (``OpOverload``) or call the tracker is counting outputs of (set by the tracker).
@@ -98,17 +101,30 @@ class TimelineRecorder:
         *,
         region_roots: Mapping[nn.Module, int] | None = None,
         policy_ops: Iterable[str] = (),
+        param_names: Mapping[torch.Tensor, str] | None = None,
     ):
         self.tracker, self.names, self.regions = tracker, dict(names), dict(regions or {})
+        self.param_names = dict(param_names or {})
         self.region_roots, self.policy_ops = dict(region_roots or {}), frozenset(policy_ops)
+        #: module -> (its name, its region): what the module hooks push
+        self._owner_of = {m: (name, self.regions.get(m, -1)) for m, name in self.names.items()}
         self.op: Any = None
         self._hooks: list[Any] = []
         self._saved_hooks: contextlib.ExitStack | None = None
         self._reset()
 
     def _reset(self) -> None:
-        #: per block: (tracker entry, bytes, module, region, op, made in a recomputation)
-        self._blocks: list[tuple[Any, int, str, int, Any, bool]] = []
+        # per block, in columns (cheaper to turn into arrays than a tuple per block): its
+        # tracker entry, bytes, module (code into _modules), region, op (code into _ops) and
+        # whether a recomputation made it
+        self._infos: list[Any] = []
+        self._nbytes: list[int] = []
+        self._module: list[int] = []
+        self._region: list[int] = []
+        self._op: list[int] = []
+        self._recomputed: list[bool] = []
+        self._modules: dict[str, int] = {}
+        self._ops: dict[Any, int] = {}
         self._renamed: dict[int, str] = {}
         self._events: list[int] = []
         #: blocks autograd packed -> the region whose forward packed it (-1: none)
@@ -140,17 +156,13 @@ class TimelineRecorder:
         self._reset()
         self._where = where
         names_by_key = names_by_key or {}
-        blocks = self._blocks
         for key, (_ref, info) in self.tracker._live.items():
-            info.block = len(blocks)
-            blocks.append((info, info.nbytes, names_by_key.get(key, UNKNOWN), -1, None, False))
-        self._resident = len(blocks)
-        for module, name in self.names.items():
-            region = self.regions.get(module, -1)
-            self._hooks.append(module.register_forward_pre_hook(functools.partial(self._enter, name, region)))
-            self._hooks.append(module.register_forward_hook(self._leave, always_call=True))
-        for module, region in self.region_roots.items():
-            self._hooks.append(module.register_forward_hook(functools.partial(self._region_output, region)))
+            self._append(info, info.nbytes, names_by_key.get(key, UNKNOWN), -1, None)
+        self._resident = len(self._infos)
+        # two global module hooks, not two per module: registering a hook per module and
+        # step cost small models' recorded steps more than calling them
+        self._hooks.append(register_module_forward_pre_hook(self._enter))
+        self._hooks.append(register_module_forward_hook(self._leave, always_call=True))
         self._saved_hooks = contextlib.ExitStack()
         self._saved_hooks.enter_context(torch.autograd.graph.saved_tensors_hooks(self._pack, _same))
         self.tracker.recorder = self
@@ -191,7 +203,7 @@ class TimelineRecorder:
         for t in tensors:
             if isinstance(t, torch.Tensor) and t.device.type != "meta":
                 entry = live.get(t.untyped_storage()._cdata)
-                if entry is not None and 0 <= entry[1].block < len(self._blocks):
+                if entry is not None and 0 <= entry[1].block < len(self._infos):
                     self._renamed[entry[1].block] = module
 
     def recompute(self, starting: bool) -> None:
@@ -207,12 +219,20 @@ class TimelineRecorder:
             # the module stack as the recomputation found it (an early stop may skip hooks)
             del self._stack[self._depths.pop() if self._depths else 0 :]
 
-    def _enter(self, name: str, region: int, _module: nn.Module, _args: Any) -> None:
-        self._stack.append((name, region))
+    def _enter(self, module: nn.Module, _args: Any) -> None:
+        owner = self._owner_of.get(module)
+        if owner is None:
+            return  # a module outside the model (a loss module)
+        self._stack.append(owner)
         self._seqs.append(torch._C._autograd._get_sequence_nr())
-        self._owners.append((name, region))
+        self._owners.append(owner)
 
-    def _leave(self, _module: nn.Module, _args: Any, _output: Any) -> None:
+    def _leave(self, module: nn.Module, _args: Any, output: Any) -> None:
+        if module not in self._owner_of:
+            return
+        region = self.region_roots.get(module)
+        if region is not None:
+            self._region_output(region, output)
         if self._stack:
             self._stack.pop()
         if not self._stack and not self._recomputing:
@@ -226,10 +246,13 @@ class TimelineRecorder:
         if node is None:
             return LOSS, -1  # the engine's seed gradient, before any node runs
         seq = node._sequence_nr()
+        if seq >= _NO_SEQUENCE:  # AccumulateGrad: a parameter's gradient, named after its owner
+            name = self.param_names.get(getattr(node, "variable", None))  # type: ignore[arg-type]
+            return (name, -1) if name is not None else (UNKNOWN, -1)
         if seq != self._last_seq:
             i = bisect.bisect_right(self._seqs, seq) - 1
             self._last_seq = seq
-            self._last_owner = self._owners[i] if 0 <= i and seq < _NO_SEQUENCE else (UNKNOWN, -1)
+            self._last_owner = self._owners[i] if 0 <= i else (UNKNOWN, -1)
         return self._last_owner
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
@@ -243,7 +266,7 @@ class TimelineRecorder:
                 self._saved.setdefault(entry[1].block, self._stack[-1][1] if self._stack else -1)
         return t.detach()
 
-    def _region_output(self, region: int, _module: nn.Module, _args: Any, output: Any) -> None:
+    def _region_output(self, region: int, output: Any) -> None:
         first = output[0] if isinstance(output, tuple) and output else output
         if type(first) is torch.Tensor and first.device.type != "meta":
             entry = self.tracker._live.get(first.untyped_storage()._cdata)
@@ -253,33 +276,50 @@ class TimelineRecorder:
     # -- the tracker's calls -----------------------------------------------------------
 
     def _note_phase(self) -> None:
+        """The step moved to another phase (``where["phase"]``) before this event."""
         phase = self._where.get("phase")
-        if phase != self._phase:
-            self._phase = phase
-            self._phases.append((len(self._events), phase))
-            self._backward = phase == "backward"
-            if phase == "forward":
-                self._scope = BATCH
-            elif phase == "optimizer":
-                self._scope = OPTIMIZER
+        self._phase = phase
+        self._phases.append((len(self._events), phase))
+        self._backward = phase == "backward"
+        if phase == "forward":
+            self._scope = BATCH
+        elif phase == "optimizer":
+            self._scope = OPTIMIZER
 
     def alloc(self, info: Any, nbytes: int) -> None:
         """The tracker counted a new storage of ``nbytes`` bytes (``info``: its entry)."""
-        self._note_phase()
+        if self._where.get("phase") != self._phase:
+            self._note_phase()
         if self._stack:
             name, region = self._stack[-1]
         elif self._backward:
             name, region = self._node_owner()
         else:
             name, region = self._scope, -1
-        info.block = len(self._blocks)
-        self._blocks.append((info, nbytes, name, region, self.op, self._recomputing > 0))
-        self._events.append(info.block)
+        self._events.append(self._append(info, nbytes, name, region, self.op))
+
+    def _append(self, info: Any, nbytes: int, module: str, region: int, op: Any) -> int:
+        """A new block; its id."""
+        info.block = block = len(self._infos)
+        self._infos.append(info)
+        self._nbytes.append(nbytes)
+        code = self._modules.get(module)
+        if code is None:
+            code = self._modules[module] = len(self._modules)
+        self._module.append(code)
+        self._region.append(region)
+        code = self._ops.get(op)
+        if code is None:
+            code = self._ops[op] = len(self._ops)
+        self._op.append(code)
+        self._recomputed.append(self._recomputing > 0)
+        return block
 
     def free(self, info: Any) -> None:
         """The tracker saw a counted storage freed (``info``: its entry)."""
-        if 0 <= info.block < len(self._blocks) and self._blocks[info.block][0] is info:
-            self._note_phase()
+        if 0 <= info.block < len(self._infos) and self._infos[info.block] is info:
+            if self._where.get("phase") != self._phase:
+                self._note_phase()
             self._events.append(~info.block)
 
 
@@ -299,7 +339,9 @@ class RecordedStep:
 
     def __init__(self, recorder: TimelineRecorder, policy_ops: frozenset[str]):
         r = recorder
-        self.blocks, self.renamed, self.events, self.saved = r._blocks, r._renamed, r._events, r._saved
+        self.infos, self.nbytes, self.module, self.region = r._infos, r._nbytes, r._module, r._region
+        self.op, self.recomputed, self.modules, self.ops = r._op, r._recomputed, r._modules, r._ops
+        self.renamed, self.events, self.saved = r._renamed, r._events, r._saved
         self.outputs, self.phases, self.recompute_spans = r._outputs, r._phases, r._recompute_spans
         self.resident, self.policy_ops = r._resident, policy_ops
         self.region_roots = set(r.region_roots.values())
@@ -314,40 +356,43 @@ class RecordedStep:
         event index, phase) where each phase starts), ``recompute_spans`` ((first, end) event
         indices), ``n_resident`` (blocks ``0 .. n_resident - 1`` were alive as the step began)
         and ``region_keeps`` (:meth:`region_keeps`)."""
-        n = len(self.blocks)
-        infos, nbytes, module, region_of, op, recomputed = zip(*self.blocks, strict=True) if n else ([],) * 6
-        module = list(module)
+        n = len(self.infos)
+        modules = dict(self.modules)
+        module_code = np.array(self.module, dtype=np.int32)
         for block, name in self.renamed.items():
-            module[block] = name
-        modules: dict[str, int] = {}
-        ops: dict[Any, int] = {}
-        module_code = np.fromiter((modules.setdefault(m, len(modules)) for m in module), np.int32, n)
-        op_code = np.fromiter((ops.setdefault(o, len(ops)) for o in op), np.int32, n)
-        op_names = [_op_name(o) for o in ops]
+            module_code[block] = modules.setdefault(name, len(modules))
+        module_names = list(modules)
+        if self.renamed:  # a module only renamed blocks had is left out
+            used = np.zeros(len(modules), dtype=bool)
+            used[module_code] = True
+            module_code = (np.cumsum(used, dtype=np.int32) - 1)[module_code]
+            module_names = [m for m, keep in zip(module_names, used.tolist(), strict=True) if keep]
+        op_code = np.array(self.op, dtype=np.int32)
+        op_names = [_op_name(o) for o in self.ops]
         events = np.array(self.events, dtype=np.int32)
-        region = np.array(region_of, dtype=np.int32)
-        sizes = np.array(nbytes, dtype=np.int64)
+        region = np.array(self.region, dtype=np.int32)
+        sizes = np.array(self.nbytes, dtype=np.int64)
         saved = np.zeros(n, dtype=bool)
         saved[np.fromiter(self.saved, np.int64, len(self.saved))] = True
-        kept = self._kept_by_regions(events, region)
+        kept = self._kept_by_regions()
         saved[kept] = True
         return {
             "events": events,
             "nbytes": sizes,
-            "category": np.fromiter((_CATEGORY_CODES[i.category] for i in infos), np.uint8, n),
+            "category": np.fromiter((_CATEGORY_CODES[i.category] for i in self.infos), np.uint8, n),
             "module": module_code,
             "op": op_code,
             "region": region,
             "saved": saved,
-            "recomputed": np.array(recomputed, dtype=bool),
+            "recomputed": np.array(self.recomputed, dtype=bool),
             "categories": list(CATEGORIES),
-            "modules": list(modules),
+            "modules": module_names,
             "ops": op_names,
             "phases": list(self.phases),
             "recompute_spans": [tuple(s) for s in self.recompute_spans],
             "n_resident": self.resident,
             "region_keeps": self.region_keeps(
-                kept, sizes, region, [module[b] for b in kept], [op_names[op_code[b]] for b in kept]
+                kept, sizes, region, [module_names[module_code[b]] for b in kept], [op_names[op_code[b]] for b in kept]
             ),
         }
 
@@ -393,10 +438,12 @@ class RecordedStep:
             )
         return out
 
-    def _kept_by_regions(self, events: np.ndarray, region: np.ndarray) -> np.ndarray:
-        """Blocks a checkpoint region made in the first forward and still held at its end."""
-        start = next((i for i, p in self.phases if p == "forward"), len(events))
-        end = next((i for i, p in self.phases if i > start and p != "forward"), len(events))
-        first = events[:end]
-        made = first[first >= 0]
-        return np.setdiff1d(made[region[made] >= 0], ~first[first < 0])
+    def _kept_by_regions(self) -> np.ndarray:
+        """Blocks a checkpoint region made in the first forward and still held at its end (ids)."""
+        n = len(self.events)
+        start = next((i for i, p in self.phases if p == "forward"), n)
+        end = next((i for i, p in self.phases if i > start and p != "forward"), n)
+        first = self.events[:end]  # (Python: faster than numpy's setdiff1d on a step's few events)
+        freed = {~e for e in first if e < 0}
+        regions = self.region
+        return np.array(sorted(e for e in first if e >= 0 and regions[e] >= 0 and e not in freed), dtype=np.int64)

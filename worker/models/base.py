@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-__all__ = ["N_CLASSES", "Batch", "Built", "Chain", "default_loss"]
+__all__ = ["N_CLASSES", "Batch", "Built", "Chain", "WrappedModel", "default_loss"]
 
 N_CLASSES = 10
 
@@ -60,3 +60,15 @@ class Chain(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.blocks(self.stem(x)))
+
+
+class WrappedModel(nn.Module):
+    """A model the engine calls through an adapter (``inputs -> loss input``): ``self.model``
+    is the model as its author built it (a ``transformers`` model, a model handed to
+    ``ckptlab.profile``). Its modules keep their author's names in what ckptlab reports (a
+    memory timeline's ``layers.0``, not ``model.layers.0``:
+    :func:`ckptlab.worker.engine.timeline.module_names`)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model

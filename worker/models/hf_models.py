@@ -24,27 +24,20 @@ import torch
 from torch import nn
 
 from ckptlab.spec.experiment import HFModelSpec
+from ckptlab.worker.models.base import WrappedModel
 
 __all__ = ["build_hf", "hf_blocks"]
 
 
-class _CausalLM(nn.Module):
+class _CausalLM(WrappedModel):
     """``input_ids -> loss``: the wrapped model's causal-LM loss on its own inputs."""
-
-    def __init__(self, model: nn.Module):
-        super().__init__()
-        self.model = model
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids=input_ids, labels=input_ids, use_cache=False).loss
 
 
-class _Classifier(nn.Module):
+class _Classifier(WrappedModel):
     """``pixel_values -> logits`` of the wrapped image classifier."""
-
-    def __init__(self, model: nn.Module):
-        super().__init__()
-        self.model = model
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
         return self.model(pixel_values=pixel_values).logits

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ckptlab.worker.models.base import Built, default_loss
+from ckptlab.worker.models.base import Built, WrappedModel, default_loss
 
 __all__ = ["find_blocks", "ProfiledModel", "prepare_model", "check_model", "describe_model"]
 
@@ -108,12 +108,8 @@ class _Inputs(dict):
         return _Inputs({k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in self.items()})
 
 
-class _Call(nn.Module):
+class _Call(WrappedModel):
     """``model(**inputs)`` for mapping inputs, ``model(inputs)`` otherwise."""
-
-    def __init__(self, model: nn.Module):
-        super().__init__()
-        self.model = model
 
     def forward(self, inputs: Any) -> Any:
         return self.model(**inputs) if isinstance(inputs, Mapping) else self.model(inputs)

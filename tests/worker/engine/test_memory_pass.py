@@ -3,46 +3,9 @@ read the same bytes, and runs every step of a memory that grows (and says why it
 
 from __future__ import annotations
 
-import sys
-
-import pytest
-
 from ckptlab.analysis.progress import STEPS_PLANNED
 from ckptlab.worker.engine.run import run_experiment
 from tests.factories import make_spec
-from tests.support import install_model_plugin
-
-#: A model that keeps every forward's output in a list: live memory grows by one output per
-#: step (a running ``total_loss += loss`` does not: backward frees what its graph saved).
-LEAKY = """
-import torch
-from torch import nn
-
-
-class Leaky(nn.Module):
-    def __init__(self, blocks):
-        super().__init__()
-        self.inp = nn.Linear(8, 32)
-        self.blocks = blocks
-        self.out = nn.Linear(32, 1)
-        self.kept = []
-
-    def forward(self, x):
-        x = self.inp(x)
-        for b in self.blocks:
-            x = b(x)
-        self.kept.append(x)
-        return self.out(x)
-
-
-def factory(depth=2):
-    blocks = nn.ModuleList(nn.Sequential(nn.Linear(32, 32), nn.ReLU()) for _ in range(depth))
-
-    def make_batch(batch_size, gen):
-        return torch.randn(batch_size, 8, generator=gen), torch.randn(batch_size, 1, generator=gen)
-
-    return Leaky(blocks), blocks, make_batch
-"""
 
 FLAT = {"model": {"kind": "mlp", "depth": 32, "width": 512}, "batch_size": 4, "verify_gradients": False}
 
@@ -51,12 +14,6 @@ def _run(**overrides):
     records: list[dict] = []
     summary = run_experiment(make_spec(**overrides), on_step=records.append).dump()
     return summary, records
-
-
-@pytest.fixture
-def leaky_model(tmp_path, monkeypatch):
-    yield install_model_plugin(tmp_path, monkeypatch, name="leaky", module="ckptlab_leaky_plugin", source=LEAKY)
-    sys.modules.pop("ckptlab_leaky_plugin", None)
 
 
 def test_a_flat_memory_stops_the_memory_pass_and_the_timing_pass_runs_in_full():

@@ -30,10 +30,9 @@ def _run(model: str, checkpoint: str, **spec) -> tuple[RunSummary, list[tuple[St
     kept: list[tuple[StepTimeline, bool]] = []
     spec = make_spec(
         model=SHARDED_MODELS[model],
-        steps=3,
         verify_gradients=False,
         checkpoint={**CHECKPOINTS[checkpoint], "use_reentrant": False},
-        **spec,
+        **{"steps": 3, **spec},
     )
     summary = run_experiment(spec, on_timeline=lambda tl, is_peak: kept.append((tl, is_peak)))
     return summary, kept
@@ -59,6 +58,9 @@ def test_the_peak_steps_timeline_is_the_summarys_peak_to_the_byte_and_named(mode
     # the parameters and their optimizer state are named after their modules, never "unknown"
     params = MemoryCategory.PARAMETERS.value
     assert all(h.module not in {UNKNOWN, Unattributed.OPTIMIZER} for h in holders.holders if h.category == params)
+    # so are their gradients, wherever autograd made them
+    grads = peak_tl.category == peak_tl.categories.index(MemoryCategory.GRADIENTS.value)
+    assert grads.any() and UNKNOWN not in {peak_tl.modules[m] for m in peak_tl.module[grads]}
     for tl, _ in kept:  # every timeline's live bytes come back to where the bytes are
         assert tl.live_bytes[-1] >= 0 and (tl.flags[: tl.n_resident] & RESIDENT).all()
 
@@ -101,6 +103,41 @@ def test_the_peak_step_is_the_one_the_summary_takes():
     assert peak_step > 1 and peaks[peak_step] == summary.peak_allocated_bytes
 
 
+def _recorded_steps(monkeypatch) -> list[int]:
+    """The steps the memory pass records (``TimelineKeeper.recording`` spied on)."""
+    from ckptlab.worker.engine.timeline import TimelineKeeper
+
+    steps: list[int] = []
+    recording = TimelineKeeper.recording
+
+    def spy(self, step):
+        steps.append(step)
+        return recording(self, step)
+
+    monkeypatch.setattr(TimelineKeeper, "recording", spy)
+    return steps
+
+
+def test_a_flat_memory_records_the_first_step_and_the_first_after_the_warm_up(monkeypatch):
+    recorded = _recorded_steps(monkeypatch)
+    summary, kept = _run("transformer", "per_block", steps=5, warmup_steps=1, memory_early_stop=False)
+    assert summary.memory_steps_run == 5 and recorded == [1, 2]
+    (peak_tl,) = [tl for tl, is_peak in kept if is_peak]
+    assert peak_tl.step == 2 and peak_tl.peak()[0] == summary.peak_allocated_bytes
+
+
+def test_a_memory_that_moves_records_the_step_after_each_move(monkeypatch, leaky_model):
+    # each step keeps one more output: every step rises over the one before, so each step
+    # after the first rise is recorded, and the last one, the run's peak, is kept
+    recorded = _recorded_steps(monkeypatch)
+    kept: list[tuple[StepTimeline, bool]] = []
+    spec = make_spec(model={"kind": "custom", "name": leaky_model, "depth": 2}, steps=6, warmup_steps=1)
+    summary = run_experiment(spec, on_timeline=lambda tl, is_peak: kept.append((tl, is_peak)))
+    assert recorded == [1, 2, 4, 5, 6]
+    (peak_tl,) = [tl for tl, is_peak in kept if is_peak]
+    assert peak_tl.step == 6 and peak_tl.peak()[0] == summary.peak_allocated_bytes
+
+
 def test_recording_changes_no_reading(monkeypatch):
     on, kept = _run("transformer", "per_block")
     assert kept
@@ -129,7 +166,9 @@ def test_nothing_of_it_runs_in_the_timing_pass(monkeypatch):
             (
                 run.meter.timeline,
                 getattr(run.meter.probe, "recorder", None),
-                sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in modules),
+                sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in modules)
+                + len(torch.nn.modules.module._global_forward_hooks)
+                + len(torch.nn.modules.module._global_forward_pre_hooks),
                 torch._C._autograd._top_saved_tensors_default_hooks(True) is not None,
             )
         )
