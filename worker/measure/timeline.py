@@ -114,17 +114,12 @@ class TimelineRecorder:
         self._reset()
 
     def _reset(self) -> None:
-        # per block, in columns (cheaper to turn into arrays than a tuple per block): its
-        # tracker entry, bytes, module (code into _modules), region, op (code into _ops) and
-        # whether a recomputation made it
-        self._infos: list[Any] = []
-        self._nbytes: list[int] = []
-        self._module: list[int] = []
-        self._region: list[int] = []
-        self._op: list[int] = []
-        self._recomputed: list[bool] = []
+        #: per block: (tracker entry, bytes, module code into _modules, region, op code into
+        #: _ops, made in a recomputation); codes, so that the columns are made in C (zip)
+        self._blocks: list[tuple[Any, int, int, int, int, bool]] = []
         self._modules: dict[str, int] = {}
-        self._ops: dict[Any, int] = {}
+        #: id of each op seen -> (its code, the op): an ``OpOverload``'s own hash is Python's
+        self._ops: dict[int, tuple[int, Any]] = {}
         self._renamed: dict[int, str] = {}
         self._events: list[int] = []
         #: blocks autograd packed -> the region whose forward packed it (-1: none)
@@ -158,7 +153,7 @@ class TimelineRecorder:
         names_by_key = names_by_key or {}
         for key, (_ref, info) in self.tracker._live.items():
             self._append(info, info.nbytes, names_by_key.get(key, UNKNOWN), -1, None)
-        self._resident = len(self._infos)
+        self._resident = len(self._blocks)
         # two global module hooks, not two per module: registering a hook per module and
         # step cost small models' recorded steps more than calling them
         self._hooks.append(register_module_forward_pre_hook(self._enter))
@@ -203,7 +198,7 @@ class TimelineRecorder:
         for t in tensors:
             if isinstance(t, torch.Tensor) and t.device.type != "meta":
                 entry = live.get(t.untyped_storage()._cdata)
-                if entry is not None and 0 <= entry[1].block < len(self._infos):
+                if entry is not None and 0 <= entry[1].block < len(self._blocks):
                     self._renamed[entry[1].block] = module
 
     def recompute(self, starting: bool) -> None:
@@ -300,24 +295,19 @@ class TimelineRecorder:
 
     def _append(self, info: Any, nbytes: int, module: str, region: int, op: Any) -> int:
         """A new block; its id."""
-        info.block = block = len(self._infos)
-        self._infos.append(info)
-        self._nbytes.append(nbytes)
-        code = self._modules.get(module)
-        if code is None:
-            code = self._modules[module] = len(self._modules)
-        self._module.append(code)
-        self._region.append(region)
-        code = self._ops.get(op)
-        if code is None:
-            code = self._ops[op] = len(self._ops)
-        self._op.append(code)
-        self._recomputed.append(self._recomputing > 0)
+        info.block = block = len(self._blocks)
+        module_code = self._modules.get(module)
+        if module_code is None:
+            module_code = self._modules[module] = len(self._modules)
+        op_code = self._ops.get(id(op))
+        if op_code is None:
+            op_code = self._ops[id(op)] = (len(self._ops), op)
+        self._blocks.append((info, nbytes, module_code, region, op_code[0], self._recomputing > 0))
         return block
 
     def free(self, info: Any) -> None:
         """The tracker saw a counted storage freed (``info``: its entry)."""
-        if 0 <= info.block < len(self._infos) and self._infos[info.block] is info:
+        if 0 <= info.block < len(self._blocks) and self._blocks[info.block][0] is info:
             if self._where.get("phase") != self._phase:
                 self._note_phase()
             self._events.append(~info.block)
@@ -339,8 +329,7 @@ class RecordedStep:
 
     def __init__(self, recorder: TimelineRecorder, policy_ops: frozenset[str]):
         r = recorder
-        self.infos, self.nbytes, self.module, self.region = r._infos, r._nbytes, r._module, r._region
-        self.op, self.recomputed, self.modules, self.ops = r._op, r._recomputed, r._modules, r._ops
+        self.blocks, self.modules, self.ops = r._blocks, r._modules, [op for _code, op in r._ops.values()]
         self.renamed, self.events, self.saved = r._renamed, r._events, r._saved
         self.outputs, self.phases, self.recompute_spans = r._outputs, r._phases, r._recompute_spans
         self.resident, self.policy_ops = r._resident, policy_ops
@@ -356,9 +345,9 @@ class RecordedStep:
         event index, phase) where each phase starts), ``recompute_spans`` ((first, end) event
         indices), ``n_resident`` (blocks ``0 .. n_resident - 1`` were alive as the step began)
         and ``region_keeps`` (:meth:`region_keeps`)."""
-        n = len(self.infos)
+        infos, nbytes, module, region_of, op, recomputed = zip(*self.blocks, strict=True) if self.blocks else ((),) * 6
         modules = dict(self.modules)
-        module_code = np.array(self.module, dtype=np.int32)
+        module_code = np.array(module, dtype=np.int32)
         for block, name in self.renamed.items():
             module_code[block] = modules.setdefault(name, len(modules))
         module_names = list(modules)
@@ -367,24 +356,24 @@ class RecordedStep:
             used[module_code] = True
             module_code = (np.cumsum(used, dtype=np.int32) - 1)[module_code]
             module_names = [m for m, keep in zip(module_names, used.tolist(), strict=True) if keep]
-        op_code = np.array(self.op, dtype=np.int32)
+        op_code = np.array(op, dtype=np.int32)
         op_names = [_op_name(o) for o in self.ops]
         events = np.array(self.events, dtype=np.int32)
-        region = np.array(self.region, dtype=np.int32)
-        sizes = np.array(self.nbytes, dtype=np.int64)
-        saved = np.zeros(n, dtype=bool)
+        region = np.array(region_of, dtype=np.int32)
+        sizes = np.array(nbytes, dtype=np.int64)
+        saved = np.zeros(len(self.blocks), dtype=bool)
         saved[np.fromiter(self.saved, np.int64, len(self.saved))] = True
-        kept = self._kept_by_regions()
+        kept = self._kept_by_regions(region_of)
         saved[kept] = True
         return {
             "events": events,
             "nbytes": sizes,
-            "category": np.fromiter((_CATEGORY_CODES[i.category] for i in self.infos), np.uint8, n),
+            "category": np.array([_CATEGORY_CODES[i.category] for i in infos], dtype=np.uint8),
             "module": module_code,
             "op": op_code,
             "region": region,
             "saved": saved,
-            "recomputed": np.array(self.recomputed, dtype=bool),
+            "recomputed": np.array(recomputed, dtype=bool),
             "categories": list(CATEGORIES),
             "modules": module_names,
             "ops": op_names,
@@ -438,12 +427,12 @@ class RecordedStep:
             )
         return out
 
-    def _kept_by_regions(self) -> np.ndarray:
-        """Blocks a checkpoint region made in the first forward and still held at its end (ids)."""
+    def _kept_by_regions(self, regions: tuple[int, ...]) -> np.ndarray:
+        """Blocks a checkpoint region made in the first forward and still held at its end (ids;
+        ``regions``: each block's region, -1 for none)."""
         n = len(self.events)
         start = next((i for i, p in self.phases if p == "forward"), n)
         end = next((i for i, p in self.phases if i > start and p != "forward"), n)
         first = self.events[:end]  # (Python: faster than numpy's setdiff1d on a step's few events)
         freed = {~e for e in first if e < 0}
-        regions = self.region
-        return np.array(sorted(e for e in first if e >= 0 and regions[e] >= 0 and e not in freed), dtype=np.int64)
+        return np.array(sorted([e for e in first if e >= 0 and regions[e] >= 0 and e not in freed]), dtype=np.int64)

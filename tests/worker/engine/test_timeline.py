@@ -6,6 +6,8 @@ changes no reading, and nothing of it runs in the timing pass."""
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -18,6 +20,7 @@ from ckptlab.worker.engine.run import run_experiment
 from ckptlab.worker.engine.timeline import module_names
 from ckptlab.worker.engine.training import build_checkpointed
 from tests.factories import SHARDED_MODELS, make_spec
+from tests.support import install_model_plugin
 
 CHECKPOINTS = {
     "none": {"strategy": "none"},
@@ -136,6 +139,53 @@ def test_a_memory_that_moves_records_the_step_after_each_move(monkeypatch, leaky
     assert recorded == [1, 2, 4, 5, 6]
     (peak_tl,) = [tl for tl, is_peak in kept if is_peak]
     assert peak_tl.step == 6 and peak_tl.peak()[0] == summary.peak_allocated_bytes
+
+
+#: A model whose fifth forward alone holds 4 MiB more for a moment: a peak only a late step reaches.
+LATE_PEAK = """
+import torch
+from torch import nn
+
+
+class LatePeak(nn.Module):
+    def __init__(self, blocks):
+        super().__init__()
+        self.blocks, self.calls = blocks, 0
+
+    def forward(self, x):
+        self.calls += 1
+        if self.calls == 5:
+            x = x + torch.ones(1024, 1024).sum() * 0
+        for b in self.blocks:
+            x = b(x)
+        return x
+
+
+def factory(depth=2):
+    blocks = nn.ModuleList(nn.Linear(16, 16) for _ in range(depth))
+    batch = lambda n, gen: (torch.randn(n, 16, generator=gen), torch.randn(n, 16, generator=gen))  # noqa: E731
+    return LatePeak(blocks), blocks, batch
+"""
+
+
+@pytest.fixture
+def late_peak_model(tmp_path, monkeypatch):
+    yield install_model_plugin(tmp_path, monkeypatch, name="late-peak", module="ckptlab_late_peak", source=LATE_PEAK)
+    sys.modules.pop("ckptlab_late_peak", None)
+
+
+def test_a_peak_only_the_last_unrecorded_step_reaches_is_not_claimed(monkeypatch, late_peak_model):
+    # flat steps 2 to 4 are not recorded after step 2; step 5 jumps and is the pass's last:
+    # the highest recorded step is kept, but not marked the run's peak
+    recorded = _recorded_steps(monkeypatch)
+    kept: list[tuple[StepTimeline, bool]] = []
+    model = {"kind": "custom", "name": late_peak_model, "depth": 2}
+    spec = make_spec(model=model, steps=5, warmup_steps=1, memory_early_stop=False, verify_gradients=False)
+    summary = run_experiment(spec, on_timeline=lambda tl, is_peak: kept.append((tl, is_peak)))
+    assert recorded == [1, 2]
+    assert summary.peak_allocated_bytes >= 4 * 2**20
+    assert [tl.step for tl, _ in kept] == [1, 2] and not any(is_peak for _, is_peak in kept)
+    assert all(tl.peak()[0] < summary.peak_allocated_bytes for tl, _ in kept)
 
 
 def test_recording_changes_no_reading(monkeypatch):
