@@ -116,6 +116,9 @@ class Unattributed(StrEnum):
     LOSS = "<loss>"
     #: The optimizer step's temporaries (its state is named after each parameter's module).
     OPTIMIZER = "<optimizer>"
+    #: On CUDA, the allocator's bytes that are no tensor's (cuBLAS workspaces, ...): its
+    #: allocated bytes less the tensors' as a recorded step begins.
+    NOT_A_TENSOR = "<not a tensor>"
     #: Nothing named it.
     UNKNOWN = "unknown"
 

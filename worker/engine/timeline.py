@@ -18,6 +18,14 @@ blocks it holds (``blocks.2`` or ``blocks.2-3``). Parameters and buffers, their 
 and their optimizer state are named after the module that owns the parameter.
 
 Nothing here runs in the timing pass: the hooks live only while a step is recorded.
+
+On CUDA (not compiled) a recorded step runs under a live-tensor tracker of its own
+(:attr:`TimelineKeeper.shadow`: the CUDA storages, rounded to the allocator's 512-byte
+blocks, tagged as the CPU tracker tags them): what the allocator holds that is no tensor's
+as the step begins (cuBLAS workspaces) is one resident block, ``<not a tensor>``. The
+run's own readings stay the allocator's; the timeline's maximum reads them to within what
+the allocator makes inside the step that is no tensor's (a workspace's first use) and the
+rounding of blocks it splits.
 """
 
 from __future__ import annotations
@@ -31,11 +39,14 @@ import torch
 from torch import nn
 
 from ckptlab.analysis.timeline import RECOMPUTED, RESIDENT, SAVED, StepTimeline
+from ckptlab.domain import MemoryCategory, Unattributed
+from ckptlab.prediction.targets import CUDA_BLOCK_BYTES
 from ckptlab.settings import get_settings
 from ckptlab.spec.experiment import ExperimentSpec
 from ckptlab.strategies import Mechanism, Strategy
 from ckptlab.worker.engine.strategies import CheckpointedGroup, OffloadedGroup, policy_saved_ops
-from ckptlab.worker.measure.meter import Meter
+from ckptlab.worker.measure.memory import UNTRACKED_KEY, LiveTensorTracker
+from ckptlab.worker.measure.meter import Meter, optimizer_tensors
 from ckptlab.worker.measure.timeline import RecordedStep, TimelineRecorder
 from ckptlab.worker.models.base import Built, WrappedModel
 
@@ -128,8 +139,14 @@ class TimelineKeeper:
         for module, fqn in names.items():
             for t in (*module.parameters(recurse=False), *module.buffers(recurse=False)):
                 self.owner.setdefault(id(t), (t, fqn))
+        #: On CUDA, the live-tensor tracker a recorded step runs under (the CPU's is the run's own)
+        self.shadow = (
+            None
+            if run.meter.exact
+            else LiveTensorTracker(block_bytes=CUDA_BLOCK_BYTES, count_rng_states=False, device_type="cuda")
+        )
         self.recorder = TimelineRecorder(
-            run.meter.probe,  # type: ignore[arg-type]
+            self.shadow or run.meter.probe,  # type: ignore[arg-type]
             names,
             regions,
             region_roots=roots,
@@ -138,6 +155,7 @@ class TimelineKeeper:
         )
         #: storage key -> module name of the parameters, buffers and (once made) optimizer state
         self.by_key = {t.untyped_storage()._cdata: fqn for t, fqn in self.owner.values()}
+        self.by_key[UNTRACKED_KEY] = Unattributed.NOT_A_TENSOR.value
         self._state_named = False
         #: the step just recorded: (step, what the recorder left), made a timeline if kept
         self.last: tuple[int, RecordedStep] | None = None
@@ -150,10 +168,12 @@ class TimelineKeeper:
 
     @classmethod
     def for_run(cls, run: TimelineContext, *, real: bool) -> TimelineKeeper | None:
-        """A keeper for ``run``, or None: off (``record_timeline``), not the exact CPU
-        tracker (CUDA, the CPU allocator probe of compiled runs), or not a ``real`` run
-        (a prediction on fake tensors, a rank of a sharded run)."""
-        if not (real and run.meter.exact and get_settings().record_timeline):
+        """A keeper for ``run``, or None: off (``record_timeline``), a compiled run (its
+        kernels allocate where no tracker sees; on CPU the allocator probe measures it), or
+        not a ``real`` run (a prediction on fake tensors, a rank of a sharded run). A CUDA
+        run's steps are recorded under a tracker of their own (:attr:`shadow`)."""
+        cuda = run.meter.cuda and not run.strategy.compiles  # compiled kernels allocate unseen
+        if not (real and (run.meter.exact or cuda) and get_settings().record_timeline):
             return None
         return cls(run)
 
@@ -166,8 +186,12 @@ class TimelineKeeper:
     @contextlib.contextmanager
     def recording(self, step: int) -> Iterator[None]:
         """Record step ``step`` (:attr:`last` afterwards, for :meth:`keep`)."""
-        rec, meter = self.recorder, self.run.meter
+        rec, meter, shadow = self.recorder, self.run.meter, self.shadow
         self.last = None
+        if shadow is not None:
+            self._track_resident(shadow)
+            shadow.__enter__()
+            meter.shadow = shadow
         rec.begin(self.run.where, self.by_key)
         meter.timeline = rec
         try:
@@ -177,9 +201,31 @@ class TimelineKeeper:
             raise
         finally:
             meter.timeline = None
+            if shadow is not None:
+                meter.shadow = None
+                shadow.__exit__(None, None, None)
         if not self._state_named:  # the optimizer makes its state in its first step
             self._name_optimizer_state()
         self.last = (step, rec.stop())
+
+    def _track_resident(self, shadow: LiveTensorTracker) -> None:
+        """On CUDA, before a recorded step: count what is alive on the device by what it is
+        (parameters and buffers, gradients, optimizer state), and the allocator's allocated
+        bytes beyond them as one block that is no tensor's (cuBLAS workspaces)."""
+        run = self.run
+        for category, tensors in (
+            (MemoryCategory.PARAMETERS, [*run.params, *run.built.module.buffers()]),
+            (MemoryCategory.GRADIENTS, [p.grad for p in run.params if p.grad is not None]),
+            (MemoryCategory.OPTIMIZER_STATE, list(optimizer_tensors(run.opt))),
+        ):
+            shadow.category = category.value
+            for t in tensors:
+                shadow.track(t)
+        shadow.set_untracked(0, MemoryCategory.OTHER.value)
+        allocated = torch.cuda.memory_allocated(run.meter.dev)
+        shadow.set_untracked(max(allocated - shadow.live_bytes, 0), MemoryCategory.OTHER.value)
+        shadow.category = MemoryCategory.OTHER.value
+        shadow.reset_peak()
 
     def _owner_of(self, t: torch.Tensor) -> str | None:
         entry = self.owner.get(id(t))

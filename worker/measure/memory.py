@@ -29,6 +29,9 @@ from ckptlab.domain import MemoryCategory
 
 __all__ = ["CATEGORIES", "SimulatedOutOfMemoryError", "LiveTensorTracker", "CudaProbe", "inner_tensors"]
 
+#: The key :meth:`LiveTensorTracker.set_untracked` counts under (no storage's: theirs are addresses).
+UNTRACKED_KEY = 0
+
 
 class SimulatedOutOfMemoryError(MemoryError):
     """Raised by :class:`LiveTensorTracker` when live bytes pass its ``limit_bytes``.
@@ -84,6 +87,9 @@ class LiveTensorTracker(TorchDispatchMode):
         events: a list to append ``(key, bytes)`` to at each counted allocation and
             ``(key, -bytes)`` at its free, in order (bytes as counted, rounded); None: no
             log. Default: None.
+        device_type: count only storages on this device type (``"cuda"``: a CUDA run's
+            timeline, whose batch is made on the host); None: every device but meta.
+            Default: None.
 
     Attributes:
         live_bytes: bytes of tracked storages alive now.
@@ -124,9 +130,11 @@ class LiveTensorTracker(TorchDispatchMode):
         block_bytes: int = 1,
         count_rng_states: bool = True,
         events: list[tuple[int, int]] | None = None,
+        device_type: str | None = None,
     ):
         super().__init__()
         self.block_bytes, self.count_rng_states, self.events = block_bytes, count_rng_states, events
+        self.device_type = device_type
         self._paused = 0
         self.recorder = None
         self.live_bytes = 0
@@ -249,7 +257,22 @@ class LiveTensorTracker(TorchDispatchMode):
         st = t.untyped_storage()
         if st._cdata in self._live or t.device.type == "meta" or self._paused:
             return
+        if self.device_type is not None and t.device.type != self.device_type:
+            return
         self._count(st, self.category)
+
+    def set_untracked(self, nbytes: int, category: str) -> None:
+        """Count ``nbytes`` that no tensor holds as one block (key :data:`UNTRACKED_KEY`),
+        replacing the last such count: on CUDA, the allocator's allocated bytes that are no
+        tensor's (cuBLAS workspaces), so that the live bytes read the allocator's."""
+        old = self._live.pop(UNTRACKED_KEY, None)
+        if old is not None:
+            self.live_bytes -= old[1].nbytes
+            self.by_category[old[1].category] -= old[1].nbytes
+        if nbytes > 0:
+            info = _Info(0, category)
+            self._live[UNTRACKED_KEY] = (None, info)  # type: ignore[assignment] - no storage to watch
+            self._add(info, nbytes)
 
     def _rounded(self, nbytes: int) -> int:
         # the device allocator's rounding (0 bytes: no block at all)

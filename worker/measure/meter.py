@@ -115,6 +115,9 @@ class Meter:
         self.tracking = True
         #: The timeline recorder of the step being recorded (told of recomputations), or None.
         self.timeline: Any = None
+        #: On CUDA, the live-tensor tracker a recorded step's timeline is read from (its
+        #: categories kept as the CPU tracker's are), or None.
+        self.shadow: LiveTensorTracker | None = None
         self.recompute_peak = 0
         self.optimizer_states_tagged = 0
         self._recompute_start = 0
@@ -157,15 +160,21 @@ class Meter:
         return self.probe.category if self.exact else MemoryCategory.OTHER.value
 
     def set_category(self, category: str) -> None:
-        """Tag tensors created from now on with ``category`` (CPU)."""
+        """Tag tensors created from now on with ``category`` (CPU; on CUDA, a recorded
+        step's :attr:`shadow`)."""
         if self.tracking and self.exact:
             self.probe.category = category
+        if self.shadow is not None:
+            self.shadow.category = category
 
     def retag(self, tensors, category: str) -> None:
         """Move ``tensors``' bytes to ``category`` (CPU)."""
         if self.tracking and self.exact:
             for t in tensors:
                 self.probe.retag(t, category)
+        if self.shadow is not None:
+            for t in tensors:
+                self.shadow.retag(t, category)
 
     def on_recompute(self, starting: bool) -> None:
         """Hook for :class:`ckptlab.worker.engine.strategies.CheckpointedGroup` around a recomputation."""
@@ -180,11 +189,16 @@ class Meter:
             if self.exact:
                 self._saved_category = self.probe.category
                 self.probe.category = MemoryCategory.ACTIVATIONS
+            elif self.shadow is not None:
+                self._saved_category = self.shadow.category
+                self.shadow.category = MemoryCategory.ACTIVATIONS
             return
         top = self.probe.live_bytes if self.cuda else self.probe.window_peak_bytes
         self.recompute_peak = max(self.recompute_peak, top - self._recompute_start)
         if self.exact:
             self.probe.category = self._saved_category
+        elif self.shadow is not None:
+            self.shadow.category = self._saved_category
 
     def nvml_used(self) -> int | None:
         """Device-wide used bytes from NVML (like nvidia-smi), or None off CUDA / without NVML."""

@@ -348,3 +348,35 @@ def test_reentrant_checkpoints_and_accumulated_micro_batches_reach_the_peak_too(
     assert holders.named_bytes >= 0.95 * holders.peak_bytes
     assert peak_tl.recompute_spans and (peak_tl.flags & RECOMPUTED).any()
     assert all(k["excess_bytes"] == 0 for k in summary.region_keeps)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("checkpoint", ["none", "per_block"])
+def test_a_cuda_run_records_its_timeline_by_module_with_the_allocators_own_bytes_apart(checkpoint):
+    # On CUDA a recorded step runs under a tracker of its own; what the allocator holds that is
+    # no tensor's (the cuBLAS workspaces) is one block. Its maximum reads the allocator's peak
+    # to within the blocks the allocator rounds up or leaves unsplit (at most 1 MiB each).
+    kept: list[tuple[StepTimeline, bool]] = []
+    model = {"kind": "transformer", "depth": 4, "d_model": 256, "heads": 4, "seq_len": 256, "vocab_size": 2000}
+    spec = make_spec(
+        model=model,
+        batch_size=8,
+        steps=3,
+        device="cuda",
+        verify_gradients=False,
+        checkpoint={**CHECKPOINTS[checkpoint], "use_reentrant": False},
+    )
+    summary = run_experiment(spec, on_timeline=lambda tl, is_peak: kept.append((tl, is_peak)))
+    (peak_tl,) = [tl for tl, is_peak in kept if is_peak]
+    peak = peak_tl.peak()[0]
+    print(f"{checkpoint}: timeline max {peak} B, allocator peak {summary.peak_allocated_bytes} B")
+    assert 0.97 * summary.peak_allocated_bytes <= peak <= 1.01 * summary.peak_allocated_bytes
+    holders = peak_holders(peak_tl)
+    assert sum(h.bytes for h in holders.holders) + holders.others_bytes == peak
+    not_a_tensor = sum(h.bytes for h in holders.holders if h.module == Unattributed.NOT_A_TENSOR)
+    assert 0 < not_a_tensor < 0.5 * peak  # the workspaces, apart
+    named = sum(h.bytes for h in holders.holders if h.module not in {UNKNOWN, Unattributed.NOT_A_TENSOR})
+    assert named >= 0.95 * (peak - not_a_tensor), holders.holders[:5]
+    categories = {h.category for h in holders.holders}
+    assert {MemoryCategory.PARAMETERS.value, MemoryCategory.OPTIMIZER_STATE.value} <= categories
+    assert bool(peak_tl.recompute_spans) == (checkpoint != "none")

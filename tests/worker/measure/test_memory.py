@@ -75,3 +75,25 @@ def test_a_wrapper_subclass_is_counted_by_the_tensors_it_wraps():
             assert tracker.by_category["gradients"] == local.untyped_storage().nbytes()
     finally:
         dist.destroy_process_group()
+
+
+def test_a_device_type_counts_only_that_devices_storages():
+    # a CUDA run's timeline tracker: the batch made on the host is not device memory
+    with LiveTensorTracker(device_type="cuda") as tracker:
+        x = torch.ones(1000)
+        assert tracker.live_bytes == 0
+    with LiveTensorTracker(device_type="cpu") as tracker:
+        y = torch.ones(1000)
+        assert tracker.live_bytes == 4000
+    del x, y
+
+
+def test_bytes_no_tensor_holds_count_as_one_block_replaced_at_each_count():
+    # (the allocator's bytes less the tensors' blocks: counted as given, already whole blocks)
+    tracker = LiveTensorTracker(block_bytes=512)
+    tracker.set_untracked(3072, "other")
+    assert tracker.live_bytes == 3072 and tracker.by_category["other"] == 3072
+    tracker.set_untracked(1024, "other")
+    assert tracker.live_bytes == 1024 and tracker.peak_bytes == 3072
+    tracker.set_untracked(0, "other")
+    assert tracker.live_bytes == 0 and tracker.by_category["other"] == 0
