@@ -234,7 +234,12 @@ class RunSummary(BaseModel):
     budget_bytes: int | None = None
     predicted_peak_bytes: int | None = None
     plan: dict[str, Any] | None = Field(
-        None, description="segments [start, end, checkpointed], checkpointed_blocks, recompute_ms, block profiles"
+        None,
+        description=(
+            "segments [start, end, checkpointed], checkpointed_blocks, predicted_peak_bytes, predicted_overhead "
+            "(fractions of the un-checkpointed step: estimate, low, high), front (budget_bytes, predicted_peak_bytes, "
+            "predicted_overhead per point), alternatives, timing, block profiles; recompute_ms (ms) for programs"
+        ),
     )
     # Words.
     findings: list[Finding] = Field(default_factory=list)

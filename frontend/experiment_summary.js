@@ -8,6 +8,7 @@ import {
 import { CATEGORIES } from './charts.js';
 import { batchText, distributedRows } from './distributed.js';
 import { renderRanks } from './ranks.js';
+import { overheadWords } from './plan_overhead.js';
 
 // ------------------------------------------------------------------ rendering
 
@@ -18,12 +19,13 @@ export function setStatus(status) {
   $('exp-cancel').hidden = TERMINAL.has(status);
 }
 
-/** "blocks 0–2, 5 checkpointed of 8 (recomputing 3.1 ms)" from a summary's plan (strategy auto). */
+/** "blocks 0–2, 5 checkpointed of 8" from a summary's plan (strategy auto); its time side is
+ * the summary's "Step-time overhead, plan against run" row. */
 function planText(plan) {
   const n = plan.blocks.length;
   const runs = plan.segments.filter((seg) => seg[2]).map((seg) => (seg[1] - seg[0] > 1 ? `${seg[0]}–${seg[1] - 1}` : `${seg[0]}`));
   if (!runs.length) return `no block checkpointed of ${n}: nothing needed for this budget`;
-  return `blocks ${runs.join(', ')} checkpointed of ${n} (recomputing ${fmtMs(plan.recompute_ms)})`;
+  return `blocks ${runs.join(', ')} checkpointed of ${n}`;
 }
 
 /** The spec as rows; `summary.model` / `summary.blocks` (a ckptlab.profile run) name what was profiled. */
@@ -174,6 +176,7 @@ export function renderSummary(exp, baseline) {
       ['Step time (median)', stepTimeText(s)],
       ['Forward / backward / optimizer', `${fmtMs(s.forward_ms)} / ${fmtMs(s.backward_ms)} / ${fmtMs(s.optimizer_ms)}`],
       baselineEntry,
+      s.plan ? ['Step-time overhead, plan against run', overheadWords(s.plan, s.paired_overhead, s.pairing_skipped), { id: 'exp-plan-overhead' }] : null,
       ['Gradient check', s.gradients_match === false && s.grad_worst_param ? `${grad}; worst: ${s.grad_worst_param}` : grad,
         s.gradients_match === false ? { class: 'bad', id: 'exp-grad' } : { id: 'exp-grad' }],
       s.recompute_verdict ? ['Recomputation', recomputeText(s), s.recompute_verdict === 'differ' ? { class: 'bad', id: 'exp-recompute' } : { id: 'exp-recompute' }] : null,

@@ -8,11 +8,12 @@
  * of separate runs appear only in the table, labelled as such. */
 
 import { drawFitted } from './chart_fit.js';
-import { $, BASELINE, STATUS, api, detailText, el, fmtBytes, fmtMs, fmtPct, gradBadge, loadPlotly, modelLabel, statusBadge } from './util.js';
+import { $, BASELINE, STATUS, api, detailText, el, fmtBytes, fmtMs, gradBadge, loadPlotly, modelLabel, statusBadge } from './util.js';
 import { PLOT_CONFIG, baseLayout } from './charts.js';
 import { parseBytes } from './budget.js';
 import { SEPARATE, budgetLine, frontFigure, frontPoints, intervalText, pairedOf, peakAxis, placeLabels, setting, unitOf } from './plan_front.js';
 import { TARGETS, submitPrediction } from './prediction.js';
+import { overheadWords, predictedPct } from './plan_overhead.js';
 
 const POLL_MS = 2000;
 let timer = null;
@@ -127,8 +128,9 @@ export function submitPlan(spec, budgetText, withCompile) {
   return api('/api/plans', { json: planBody(spec, budgetText, withCompile) });
 }
 
-/** The plan's blocks as a row of boxes, the checkpointed segments marked. */
-function blockDiagram(plan) {
+/** The plan's blocks as a row of boxes, the checkpointed segments marked, and the overhead
+ * the plan predicted against the one its auto run (`auto`, a point) measured paired. */
+function blockDiagram(plan, auto) {
   if (!plan) return el('p', { class: 'muted' }, 'The plan appears when the auto run has profiled the model.');
   const boxes = [];
   for (const [start, end, checkpointed] of plan.segments) {
@@ -142,8 +144,10 @@ function blockDiagram(plan) {
   return el('div', null,
     el('div', { class: 'block-row', id: 'plan-blocks-row', role: 'img', 'aria-label': `${n} of ${plan.blocks.length} blocks checkpointed` }, ...boxes),
     el('p', { class: 'muted small' }, n
-      ? `${n} of ${plan.blocks.length} blocks checkpointed (outlined segments are recomputed in backward), recomputing ${fmtMs(plan.recompute_ms)} per step`
-      : 'No block needs checkpointing for this budget.'));
+      ? `${n} of ${plan.blocks.length} blocks checkpointed (outlined segments are recomputed in backward)`
+      : 'No block needs checkpointing for this budget.'),
+    n ? el('p', { class: 'small', id: 'plan-overhead' }, `Step-time overhead over ${BASELINE}: `,
+      overheadWords(plan, auto && auto.status === STATUS.SUCCEEDED ? auto.paired_overhead : null)) : null);
 }
 
 /** Predicted and measured peak of the auto run against the budget, each bar with its number. */
@@ -174,7 +178,7 @@ function pointsTable(v) {
     : p.fits === false ? el('span', { class: 'fit no' }, `over by ${fmtBytes(p.peak_allocated_bytes - v.budget_bytes)}`) : '—');
   const overhead = (p) => {
     const o = pairedOf(p);
-    const guess = p.predicted_overhead ? el('div', { class: 'muted small' }, `predicted ${fmtPct(p.predicted_overhead.estimate_pct)}`) : null;
+    const guess = predictedPct(p.predicted_overhead) ? el('div', { class: 'muted small' }, `predicted ${intervalText(p.predicted_overhead)}`) : null;
     if (o && p.status === STATUS.SUCCEEDED) return [intervalText(o), p.on_front ? el('div', { class: 'muted small' }, 'on the measured front') : null, guess];
     if (p.status !== STATUS.SUCCEEDED) return '—';
     return [p.overhead_text ?? '—', el('div', { class: 'muted small' }, 'not paired: not on the chart')];
@@ -235,7 +239,7 @@ async function render(id) {
   if (shown !== id) return;
   $('plan-status').textContent = `budget ${fmtBytes(v.budget_bytes)} · ${measured} of ${v.points.length} points measured${state}`;
   $('plan-sweep-link').href = `#/sweeps/${v.sweep_id}`;
-  $('plan-blocks').replaceChildren(blockDiagram(v.plan));
+  $('plan-blocks').replaceChildren(blockDiagram(v.plan, v.points.find((p) => Number.isFinite(p.predicted_peak_bytes))));
   const rec = v.recommendation;
   $('plan-recommendation').replaceChildren(rec && rec.experiment_id !== null
     ? el('p', null, el('strong', null, `Use ${rec.label.replace('strategy=', '')}`), `: ${rec.reason}`)

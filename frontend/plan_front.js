@@ -2,8 +2,9 @@
  * each point paid over the un-checkpointed copy it was timed with, round by round in its
  * own process (the paired overhead, with its 95% CI as error bars), never raw step times
  * of separate runs. The budget line stands at the budget's exact value; measured points
- * are solid, the planner's predictions hollow and dashed; each measured point's setting is
- * written beside it, placed where it stays inside the plot and clear of the others
+ * are solid, the planner's predicted front (plan.front) dashed and hollow, the auto run's
+ * predicted point a hollow diamond dotted to its measured one; each measured point's setting
+ * is written beside it, placed where it stays inside the plot and clear of the others
  * (placeLabels), else left to the hover and the table. */
 
 import { BASELINE, STATUS, byteUnit, fmtBytes, fmtPct } from './util.js';
@@ -71,18 +72,28 @@ const bars = (xs, lows, highs) => ({
   arrayminus: xs.map((x, i) => (Number.isFinite(lows[i]) ? Math.max(0, x - lows[i]) : 0)),
 });
 
-/** The planner's predictions: its front (dashed, hollow) where the plan carries one, else the
- * auto run's predicted point (hollow, dotted to its measured one). */
-function predictedTraces(v, div) {
+/** The planner's front (dashed, hollow): for each budget, the predicted peak and overhead of
+ * the plan it would choose (plan.front); none where the plan carries none. */
+function predictedFront(v, div) {
   const front = (v.predicted_front || []).filter((p) => Number.isFinite(p.overhead_pct));
-  if (front.length) {
-    const xs = front.map((p) => p.overhead_pct);
-    return [{ type: 'scatter', mode: 'lines+markers', name: 'predicted front (the plan)', x: xs, y: front.map((p) => p.peak_bytes / div),
-      line: { color: PREDICTED, dash: 'dash', width: 2 }, marker: { size: MARKER - 2, symbol: 'circle-open', color: PREDICTED, line: { width: 2 } },
-      error_x: { ...bars(xs, front.map((p) => p.overhead_low_pct), front.map((p) => p.overhead_high_pct)), color: PREDICTED },
-      customdata: front.map((p) => [fmtBytes(p.peak_bytes), fmtBytes(p.budget_bytes)]),
-      hovertemplate: 'predicted for a budget of %{customdata[1]}: %{x:+.1f}%, peak %{customdata[0]}<extra></extra>' }];
-  }
+  if (!front.length) return [];
+  const xs = front.map((p) => p.overhead_pct);
+  return [{ type: 'scatter', mode: 'lines+markers', name: 'predicted front (the planner)', x: xs, y: front.map((p) => p.peak_bytes / div),
+    line: { color: PREDICTED, dash: 'dash', width: 2 }, marker: { size: MARKER - 2, symbol: 'circle-open', color: PREDICTED, line: { width: 2 } },
+    error_x: { ...bars(xs, front.map((p) => p.overhead_low_pct), front.map((p) => p.overhead_high_pct)), color: PREDICTED },
+    customdata: front.map((p) => [fmtBytes(p.peak_bytes), fmtBytes(p.budget_bytes)]),
+    hovertemplate: 'predicted for a budget of %{customdata[1]}: %{x:+.1f}%, peak %{customdata[0]}<extra></extra>' }];
+}
+
+/** The planner's predictions: its front (predictedFront), then the auto run's own predicted
+ * point (a hollow diamond, dotted to its measured one) where it has a predicted peak. */
+function predictedTraces(v, div) {
+  return [...predictedFront(v, div), ...autoPredicted(v, div)];
+}
+
+/** The auto run's predicted point: its plan's predicted peak at its predicted overhead (at
+ * its measured overhead where the plan predicted none), dotted to where it was measured. */
+function autoPredicted(v, div) {
   const auto = v.points.find((p) => Number.isFinite(p.predicted_peak_bytes));
   const measured = auto && pairedOf(auto);
   const own = auto && auto.predicted_overhead;
@@ -104,7 +115,8 @@ export function frontFigure(v, unit) {
   const xs = intervals.map((o) => o.estimate_pct);
   const front = paired.filter((p) => p.on_front).sort((a, b) => pairedOf(a).estimate_pct - pairedOf(b).estimate_pct);
   const predicted = predictedTraces(v, div);
-  const spanX = [0, ...xs, ...intervals.flatMap((o) => [o.low_pct, o.high_pct]), ...predicted.flatMap((t) => t.x)].filter(Number.isFinite);
+  const predictedX = predicted.flatMap((t) => (t.error_x ? t.x.flatMap((x, i) => [x - t.error_x.arrayminus[i], x + t.error_x.array[i]]) : t.x));
+  const spanX = [0, ...xs, ...intervals.flatMap((o) => [o.low_pct, o.high_pct]), ...predictedX].filter(Number.isFinite);
   const [lo, hi] = [Math.min(...spanX), Math.max(...spanX)];
   const pad = (hi - lo) * 0.12 || 5;
   const peaks = [...paired.map((p) => p.peak_allocated_bytes / div), ...predicted.flatMap((t) => t.y)];
@@ -201,10 +213,15 @@ export async function placeLabels(gd, index = 1) {
   const ex = trace.error_x || {};
   const bar = (arr, i) => ((arr || [])[i] || 0) * Math.abs(xa._m || 0);
   const errorBars = px.map((x, i) => ({ l: x - bar(ex.arrayminus, i), r: x + bar(ex.array, i), t: py[i] - 3, b: py[i] + 3 }));
+  // The other traces' markers (the predictions): avoided where a place clear of them exists.
+  const others = gd.data.flatMap((t, j) => (j === index || !(t.mode || '').includes('markers') ? []
+    : t.x.map((x, k) => ({ x: xa._offset + xa.l2p(x), y: ya._offset + ya.l2p(t.y[k]) }))
+      .map(({ x, y }) => ({ l: x - MARKER / 2, r: x + MARKER / 2, t: y - MARKER / 2, b: y + MARKER / 2 }))));
   const placed = [];
   const positions = [];
   const fits = (box, i, strict) => within(box, plot) && !placed.some((b) => hits(b, box)) && !notes.some((b) => hits(b, box))
-    && !markers.some((m, j) => j !== i && hits(m, box, 1)) && (!strict || !errorBars.some((e) => hits(e, box, 0)));
+    && !markers.some((m, j) => j !== i && hits(m, box, 1))
+    && (!strict || (!errorBars.some((e) => hits(e, box, 0)) && !others.some((m) => hits(m, box, 1))));
   const texts = names.map((name, i) => {
     const w = textWidth(name);
     const h = LABEL_FONT * 1.3;

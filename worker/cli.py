@@ -158,6 +158,8 @@ def run(
         if saving:
             console.print(saving, markup=False)
         console.print(_timing_line(sm))
+        if sm.plan is not None:
+            console.print(_plan_line(sm), markup=False)
         console.print(_gradient_line(sm), markup=False)
         if sm.memory_steps_run is not None and sm.memory_steps_requested is not None:
             if sm.memory_steps_run < sm.memory_steps_requested:
@@ -175,6 +177,34 @@ def run(
         sys.stdout.write(json.dumps(result) + "\n")
     if exp.status != Status.SUCCEEDED:
         raise typer.Exit(1)
+
+
+def _overhead_words(o: dict | None, *, scale: float = 1.0) -> str | None:
+    """``+13% (95% CI +12% to +14%)`` from ``{estimate, low, high}`` in fractions
+    (``scale=100``) or ``{estimate_pct, low_pct, high_pct}`` in %; None without one."""
+    if not o:
+        return None
+    estimate, low, high = (o.get(k, o.get(f"{k}_pct")) for k in ("estimate", "low", "high"))
+    if estimate is None:
+        return None
+    ci = f" (95% CI {scale * low:+.1f}% to {scale * high:+.1f}%)" if low is not None and high is not None else ""
+    return f"{scale * estimate:+.1f}%{ci}"
+
+
+def _plan_line(sm: RunSummary) -> str:
+    """Strategy auto's plan and its time side (issue 31): the blocks it checkpointed, the
+    step-time overhead the plan predicted (``plan.predicted_overhead``: fractions of the
+    un-checkpointed step) against the one this run measured paired with an un-checkpointed
+    copy in its process (``paired_overhead``, %)."""
+    plan = sm.plan or {}
+    predicted = _overhead_words(plan.get("predicted_overhead"), scale=100.0)
+    paired = sm.paired_overhead.model_dump() if sm.paired_overhead is not None else None
+    measured = _overhead_words(paired)
+    return (
+        f"auto plan: blocks {plan.get('checkpointed_blocks')} checkpointed; step-time overhead "
+        f"{f'predicted {predicted}' if predicted else 'not predicted'}, "
+        f"{f'measured paired {measured}' if measured else 'not measured paired'}"
+    )
 
 
 def _saving_line(sm: RunSummary) -> str | None:

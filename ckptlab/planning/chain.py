@@ -31,11 +31,16 @@ the batch, the stem's activations; Rotor's model, each block's temporaries measu
 - Predicted peak = ``max(F + max(every term above), floor)``; the floor (the optimizer
   step's own peak, the stem's backward) is the same under every plan.
 
-Time: blocks that are the same computation (every measured byte count equal, as the layers
-of a transformer or the blocks of a ResNet stage) take the median of their measured forward
-times (:func:`pooled_forward_times`): one timed forward each on a busy host differs by noise
-alone, and the program would otherwise trade recomputing one block for another on that
-noise. Among plans of equal recomputation time the one with the fewest checkpointed segments
+Time (ms): a checkpointed segment ``[s, e)`` adds to a step the recomputation of its
+blocks: ``forward_ms`` of blocks ``s .. e - 2`` and ``last_forward_ms`` of block ``e - 1``,
+whose recomputation stops after the last tensor the segment saves (non-reentrant
+checkpoint's early stop, PyTorch ``torch.utils.checkpoint`` docs: on the built-in
+transformer the last 20% of a block's forward, its output projection and residual add,
+is never recomputed; issue 31). Blocks that are the same computation (every measured byte
+count equal, as the layers of a transformer or the blocks of a ResNet stage) take the
+median of their measured times (:func:`pooled_forward_times`): identical blocks differ by
+noise alone, and the program would otherwise trade recomputing one block for another on
+that noise. Among plans of equal recomputation time the one with the fewest checkpointed segments
 wins: each ``checkpoint`` call costs a little beyond its recomputation (measured on the
 bench's ResNet generator, 4 blocks recomputed as 3 checkpoints: +24% step time against +20%
 as one; docs/benchmarks.md), a cost this model does not count.
@@ -70,7 +75,9 @@ class BlockProfile:
         retained_bytes: bytes the block keeps for backward when it is not checkpointed
             (live bytes after its forward minus before, the input excluded).
         input_bytes: bytes of the block's input tensor.
-        forward_ms: forward time of the block (what recomputing it costs), ms.
+        forward_ms: what recomputing the block inside a checkpointed segment adds to a
+            step (its forward; the engine measures it with the checkpoint's own costs,
+            :mod:`ckptlab.worker.engine.block_timing`), ms.
         output_bytes: bytes of the block's output (what a checkpointed segment ending here
             keeps); None: the same as ``input_bytes`` (a shape-preserving block).
         param_bytes: bytes of the gradients of the block's parameters (default 0).
@@ -87,6 +94,10 @@ class BlockProfile:
             the last tensor it saves for backward, where a non-reentrant checkpoint's
             recomputation of a segment ending with this block stops; None (default): not
             measured, ``retained_bytes + forward_bytes`` (the whole forward's top).
+        last_forward_ms: what the block adds when it ends a checkpointed segment (its
+            recomputation up to its last saved tensor under non-reentrant checkpoint's
+            early stop; the whole forward under a reentrant one), ms; None (default):
+            ``forward_ms``.
     """
 
     retained_bytes: int
@@ -98,6 +109,13 @@ class BlockProfile:
     forward_bytes: int = 0
     released_bytes: int = 0
     recompute_bytes: int | None = None
+    last_forward_ms: float | None = None
+
+    @property
+    def end_ms(self) -> float:
+        """What recomputing the block costs as the last block of a checkpointed segment, ms:
+        ``last_forward_ms``, or ``forward_ms`` when not measured."""
+        return self.forward_ms if self.last_forward_ms is None else self.last_forward_ms
 
     @property
     def out_bytes(self) -> int:
@@ -197,20 +215,37 @@ def predict_peak(
 
 
 def recompute_ms(blocks: Sequence[BlockProfile], segments: Sequence[Segment]) -> float:
-    """Forward time of the checkpointed blocks, ms: what the plan adds to a step."""
-    return sum(b.forward_ms for s in segments if s.checkpointed for b in blocks[s.start : s.end])
+    """The recomputation of the checkpointed segments, ms: what the plan adds to a step
+    (each segment's blocks' ``forward_ms``, its last block's ``end_ms``: see the module's
+    time model)."""
+    return sum(
+        sum(b.forward_ms for b in blocks[s.start : s.end - 1]) + blocks[s.end - 1].end_ms
+        for s in segments
+        if s.checkpointed
+    )
 
 
 def pooled_forward_times(blocks: Sequence[BlockProfile]) -> list[BlockProfile]:
-    """``blocks`` with each group of identical blocks (every field but ``forward_ms`` equal)
-    given the median of the group's forward times, ms; other blocks unchanged. A block's
-    forward is timed once in the profile step, and identical blocks differ there by noise
-    only (see the module docstring)."""
-    key_fields = [f.name for f in fields(BlockProfile) if f.name != "forward_ms"]
-    groups: dict[tuple, list[float]] = {}
+    """``blocks`` with each group of identical blocks (every field but the times equal) given
+    the medians of the group's ``forward_ms`` and ``last_forward_ms`` (None where a member
+    has none), ms; other blocks unchanged. Identical blocks differ in time by noise only
+    (see the module docstring)."""
+    timed = ("forward_ms", "last_forward_ms")
+    key_fields = [f.name for f in fields(BlockProfile) if f.name not in timed]
+    groups: dict[tuple, list[BlockProfile]] = {}
     for b in blocks:
-        groups.setdefault(tuple(getattr(b, k) for k in key_fields), []).append(b.forward_ms)
-    return [replace(b, forward_ms=statistics.median(groups[tuple(getattr(b, k) for k in key_fields)])) for b in blocks]
+        groups.setdefault(tuple(getattr(b, k) for k in key_fields), []).append(b)
+
+    def pooled(b: BlockProfile) -> BlockProfile:
+        group = groups[tuple(getattr(b, k) for k in key_fields)]
+        last = [g.last_forward_ms for g in group]
+        return replace(
+            b,
+            forward_ms=statistics.median(g.forward_ms for g in group),
+            last_forward_ms=None if None in last else statistics.median(last),
+        )
+
+    return [pooled(b) for b in blocks]
 
 
 def sequential_segments(n: int, segments: int) -> tuple[Segment, ...]:

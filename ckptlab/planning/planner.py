@@ -2,8 +2,9 @@
 
 Given each block's profile (bytes it keeps for backward, bytes of its input, forward time,
 all measured by the engine), :func:`plan_chain` chooses contiguous segments to checkpoint so
-that the recomputation time (the forward time of the checkpointed blocks) is minimal and the
-predicted peak stays under the budget. Exact dynamic programming over segment boundaries
+that the recomputation time (the forward time of the checkpointed blocks, each segment's
+last block up to where its recomputation stops: :func:`ckptlab.planning.chain.recompute_ms`)
+is minimal and the predicted peak stays under the budget. Exact dynamic programming over segment boundaries
 and the bytes retained so far, after Chen et al. 2016 §4 (arXiv 1604.06174) and Rotor
 (Beaumont et al. 2019, "Optimal checkpointing for heterogeneous chains", Inria hal-02352969),
 restricted to PyTorch's non-reentrant ``checkpoint`` (a checkpointed segment keeps its input
@@ -46,6 +47,7 @@ __all__ = [
     "pooled_forward_times",
     "plan_chain",
     "smallest_peak_plan",
+    "least_activation_peak",
     "sequential_segments",
     "NoPlanFits",
 ]
@@ -58,7 +60,8 @@ class ChainPlan:
     Attributes:
         segments: consecutive segments covering the chain in order.
         checkpointed_blocks: indices of the blocks that are recomputed during backward.
-        recompute_ms: forward time of the checkpointed blocks (the time the plan adds), ms.
+        recompute_ms: the recomputation of the checkpointed segments (the time the plan
+            adds, :func:`ckptlab.planning.chain.recompute_ms`), ms.
         predicted_peak_bytes: the predicted peak allocated bytes (fixed memory and
             calibration included).
     """
@@ -141,7 +144,7 @@ def _solve(
     prefix = [0]
     for b in blocks:
         prefix.append(prefix[-1] + b.retained_bytes)
-    times = [0.0]
+    times = [0.0]  # times[j] - times[i]: forward_ms of blocks i..j-1
     for b in blocks:
         times.append(times[-1] + b.forward_ms)
     grads_after = [0] * (n + 1)
@@ -187,7 +190,7 @@ def _solve(
             rest = f(j, m + units(blocks[k].out_bytes + ckpt))
             if rest is None:
                 continue
-            cost = times[j] - times[i] + rest[0]
+            cost = times[k] - times[i] + blocks[k].end_ms + rest[0]  # the last block's recomputation stops early
             if better(cost, rest[1] + 1, best):
                 best = (cost, rest[1] + 1, (Segment(i, j, True), *rest[2]))
         return best
@@ -336,6 +339,15 @@ def smallest_peak_plan(
     return _plan(blocks, chosen, fixed_bytes, calibration_bytes, *model)
 
 
+def least_activation_peak(
+    blocks: Sequence[BlockProfile], *, head_bytes: int = 0, backward_bytes: int = 0, checkpoint_bytes: int = 0
+) -> int:
+    """The smallest activation peak (:func:`ckptlab.planning.chain.activation_peak`, bytes,
+    above the fixed memory and calibration) over every split of the chain, exactly
+    (:func:`_least_peak`, ``O(n^2)``)."""
+    return _least_peak(blocks, head_bytes, backward_bytes, checkpoint_bytes)[0]
+
+
 def _least_peak(
     blocks: Sequence[BlockProfile], head: int = 0, backward: int = 0, ckpt: int = 0
 ) -> tuple[int, tuple[Segment, ...]]:
@@ -377,11 +389,12 @@ def _least_peak(
             kept += c.retained_bytes
             top = kept + backward_extra(blocks, k, grads_after) + backward
             backward_top = top if backward_top is None else max(backward_top, top)
+            last_ms = seg_ms + c.end_ms  # the segment [i, j): its last block's recomputation stops early
             seg_ms += c.forward_ms
             incoming = grads_after[j] + c.out_bytes + backward  # waiting while the segment is recomputed
             own = ckpt + max(forward_top, recompute_top + incoming + ckpt, backward_top)
             h, ms, calls, segs = best[j]
-            options.append((max(own, c.out_bytes + ckpt + h), seg_ms + ms, calls + 1, (Segment(i, j, True), *segs)))
+            options.append((max(own, c.out_bytes + ckpt + h), last_ms + ms, calls + 1, (Segment(i, j, True), *segs)))
         best[i] = min(options, key=lambda o: (o[0], round(o[1], 6), o[2]))
     peak, _, _, segments = best[0]
     return max(peak, 0), _merge(segments)

@@ -177,3 +177,30 @@ def test_the_readmes_first_example_prints_what_checkpointing_saved(cli, tmp_path
     assert "checkpointing cannot lower this peak" not in words
     assert re.search(r"peak [\d.]+ MiB is in \w+: activations \d+%", words), words  # they lead the peak
     assert "gradients: match" in words
+
+
+def test_run_of_auto_prints_the_plans_predicted_against_its_paired_overhead(cli, tmp_path):
+    """Issue 31 item 1: ``ckptlab run`` of strategy auto says which blocks its plan
+    checkpointed and the overhead the plan predicted (with its interval) beside the one the
+    run measured paired, in the same figures as the stored summary."""
+    from ckptlab.worker.engine.run import run_experiment
+    from tests.factories import PLANNER_MODELS, make_spec
+
+    kind = PLANNER_MODELS["mlp"]
+    none = run_experiment(make_spec(**kind, verify_gradients=False)).dump()["peak_allocated_bytes"]
+    auto = {"checkpoint.strategy": "auto", "checkpoint.budget_bytes": none * 9 // 10}
+    spec = make_spec(**kind, verify_gradients=False, timed_steps=5, **auto)
+    path = tmp_path / "spec.json"
+    path.write_text(spec.model_dump_json())
+    result = cli("run", str(path), "--json")
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    words = " ".join(result.stdout.split())
+    predicted, paired = summary["plan"]["predicted_overhead"], summary["paired_overhead"]
+    assert summary["plan"]["checkpointed_blocks"]
+    assert (
+        f"auto plan: blocks {summary['plan']['checkpointed_blocks']} checkpointed; step-time overhead "
+        f"predicted {100 * predicted['estimate']:+.1f}% (95% CI {100 * predicted['low']:+.1f}% to "
+        f"{100 * predicted['high']:+.1f}%), measured paired {paired['estimate_pct']:+.1f}% "
+        f"(95% CI {paired['low_pct']:+.1f}% to {paired['high_pct']:+.1f}%)"
+    ) in words, words

@@ -150,6 +150,27 @@ PLAN_OVERHEADS = {
     "sequential 4": (22.0, 18.0, 26.0),
     "sequential 8": (38.0, 33.0, 43.0),
 }
+#: What the plan's planner predicted (issue 31 item 1), overheads as fractions of the
+#: un-checkpointed step (estimate, 95% interval low and high): the auto plan's own, and its
+#: front as (budget MiB, predicted peak MiB, overhead), lowest budget first.
+PLAN_PREDICTED: dict[str, Any] = {
+    "auto": (0.105, 0.085, 0.125),
+    "front": [
+        (61, 60, (0.28, 0.25, 0.31)),
+        (80, 78, (0.19, 0.17, 0.21)),
+        (106, 103, (0.105, 0.085, 0.125)),
+        (136, 136, (0.0, 0.0, 0.0)),
+    ],
+}
+
+
+def predicted_overhead(estimate: float, low: float, high: float) -> dict[str, Any]:
+    """A plan's ``predicted_overhead`` as the worker stores it
+    (``ckptlab.worker.engine.block_timing.Overhead.as_dict``): fractions of the
+    un-checkpointed step, 6 timing rounds of CPU time."""
+    return {"estimate": estimate, "low": low, "high": high, "q1": low, "q3": high, "rounds": 6, "clock": "CPU time"}
+
+
 #: Raw median step times (ms) of the plan's separate runs on a busy host: sequential 2 drew
 #: faster than none (issue 32), though it paid +12% over its paired copy.
 PLAN_RAW_MS = {"none": 390.4, "auto": 352.4, "per_block": 460.0, "sequential 2": 283.9, "sequential 4": 460.0}
@@ -184,7 +205,20 @@ def insert_plan(app_dir: Path, budget: int = 110 * MIB) -> tuple[int, dict[str, 
 
     base, axes = plan_request(spec_dict(), budget)
     blocks = [{"retained_bytes": 9 * MIB, "forward_ms": 1.5} for _ in range(8)]
-    plan = {"segments": [[0, 4, True], [4, 8, False]], "checkpointed_blocks": [0, 1, 2, 3], "recompute_ms": 6.0}
+    plan = {
+        "segments": [[0, 4, True], [4, 8, False]],
+        "checkpointed_blocks": [0, 1, 2, 3],
+        "recompute_ms": 6.0,
+        "predicted_overhead": predicted_overhead(*PLAN_PREDICTED["auto"]),
+        "front": [
+            {
+                "budget_bytes": budget * MIB,
+                "predicted_peak_bytes": peak * MIB,
+                "predicted_overhead": predicted_overhead(*o),
+            }
+            for budget, peak, o in PLAN_PREDICTED["front"]
+        ],
+    }
 
     def figures(spec: Any) -> tuple[int, int, float, dict[str, Any]]:
         c = spec.checkpoint

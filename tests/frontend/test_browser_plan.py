@@ -214,9 +214,18 @@ def test_the_plan_front_is_paired_overhead_against_peak_with_the_budget_line_and
         assert measured["error_x"]["arrayminus"][i] == pytest.approx(estimate - low)
     front = page.evaluate("document.getElementById('plan-chart-front').data[0]")
     assert front["x"] == [0, 9, 12, 22, 31]  # sequential 8 (+38%, 61 MiB) is beaten by per_block
-    predicted = page.evaluate("document.getElementById('plan-chart-front').data[2]")
-    assert "predicted" in predicted["name"] and predicted["marker"]["symbol"].endswith("-open")
-    assert predicted["line"]["dash"] in ("dash", "dot") and predicted["y"][0] == 103  # the auto plan's 103 MiB
+    assert "symbol" not in measured["marker"] and "line" not in measured  # measured: solid markers
+    predicted = page.evaluate("document.getElementById('plan-chart-front').data[2]")  # plan.front
+    assert "predicted front" in predicted["name"] and predicted["marker"]["symbol"].endswith("-open")
+    assert predicted["line"]["dash"] == "dash"
+    assert predicted["y"] == [60, 78, 103, 136]  # lowest peak first, in MiB
+    assert predicted["x"] == pytest.approx([28, 19, 10.5, 0])  # the fractions as %
+    assert predicted["error_x"]["array"][0] == pytest.approx(3) and predicted["error_x"]["arrayminus"][
+        0
+    ] == pytest.approx(3)
+    own = page.evaluate("document.getElementById('plan-chart-front').data[3]")  # auto's plan: predicted -> measured
+    assert own["marker"]["symbol"] == "diamond-open" and own["line"]["dash"] == "dot"
+    assert own["x"] == pytest.approx([10.5, 9]) and own["y"] == [103, 106]
 
     assert_charts_clear(page, ["plan-chart-peak", "plan-chart-front"], screenshot="plan")
     before = page.viewport_size
@@ -241,8 +250,30 @@ def test_the_plan_front_is_paired_overhead_against_peak_with_the_budget_line_and
     auto = page.locator(f"#plan-points tbody tr[data-id='{ids['strategy=auto segments=2']}']")
     expect(auto).to_contain_text("+9.0% (95% CI +5.0% to +13%)")
     expect(auto).to_contain_text("predicted 103 MiB")
+    expect(auto).to_contain_text("predicted +11% (95% CI +8.5% to +13%)")
     expect(auto).to_contain_text("match")
     expect(page.locator("#plan-points thead")).to_contain_text("paired")
+    tab.assert_no_errors()
+
+
+def test_the_plan_and_its_run_show_predicted_against_paired_measured_overhead(app, tab: Tab) -> None:
+    """Issue 31 item 1: the plan page and the auto run's experiment page state the overhead
+    the plan predicted (with its interval) beside the run's paired measured one, and no
+    longer the plan's recomputation in ms."""
+    page = tab.page
+    plan_id, ids = insert_plan(app.data_dir, budget=110 * MIB)
+    both = "predicted +11% (95% CI +8.5% to +13%) · measured paired +9.0% (95% CI +5.0% to +13%)"
+    page.goto(f"{app.url}/#/plans/{plan_id}")
+    expect(page.locator("#plan-overhead")).to_contain_text(both)
+    expect(page.locator("#plan-blocks")).not_to_contain_text("recomputing")
+    page.goto(f"{app.url}/#/experiments/{ids['strategy=auto segments=2']}")
+    expect(page.locator("#exp-plan-overhead")).to_have_text(both)  # the stored overhead: no noise words
+    expect(page.locator("#exp-spec")).to_contain_text("blocks 0–3 checkpointed of 8")
+    expect(page.locator("#exp-spec")).not_to_contain_text("recomputing")
+    # a run of the plan that is not auto has no plan row
+    page.goto(f"{app.url}/#/experiments/{next(i for label, i in ids.items() if 'per_block' in label)}")
+    expect(page.locator("#exp-summary")).to_contain_text("Overhead vs baseline")
+    expect(page.locator("#exp-plan-overhead")).to_have_count(0)
     tab.assert_no_errors()
 
 

@@ -8,8 +8,8 @@ on CPU, the allocator on CUDA):
 - per block (:class:`ckptlab.worker.engine.block_profile.BlockRecorder`): bytes alive after its forward
   minus before (``retained``), its forward's temporaries, its backward's, its input and
   output bytes, whether its output is already freed when its gradient arrives, what its
-  forward holds up to the last tensor it saves (where a recomputation stops; CPU), its
-  forward time (ms) and its parameters' gradient bytes;
+  forward holds up to the last tensor it saves (where a recomputation stops; CPU) and its
+  parameters' gradient bytes;
 - the fixed memory: what is alive when the forward starts (parameters, buffers, the
   batch), the optimizer state after the step, the stem's activations and the blocks'
   other arguments that a checkpoint keeps to its backward;
@@ -17,6 +17,17 @@ on CPU, the allocator on CUDA):
   of the backward after theirs (the stem's);
 - the forward-and-backward peak, from which the planner's ``head_bytes`` is calibrated,
   and the optimizer step's own peak.
+
+Time is measured apart, after the profile step, on the same copy without the tracker
+(:func:`ckptlab.worker.engine.block_timing.time_chain`, issue 31): each block's forward and
+the un-checkpointed step, over interleaved rounds on the timing pass's threads and clock,
+identical blocks pooled. The planner minimizes the blocks' median forward times; the plan
+states its ``predicted_overhead`` (the recomputation over the un-checkpointed step, with an
+interval), and so do the planner's front (``front``: the plan at budgets from the smallest
+reachable peak to the un-checkpointed one) and the per-block and sequential plans of the
+same model (``alternatives``), so that each compares with its own measured paired
+overhead. On fake tensors (a prediction) the forward times are the fake clock's proxy and
+no overhead is predicted.
 
 Every term of the prediction is one of these readings (:func:`_memory_model`); there is no
 margin. On CPU the prediction equals the measured peak of every plan tried on the built-in
@@ -54,10 +65,13 @@ from typing import Any
 import torch
 
 from ckptlab.analysis.explain import format_bytes
+from ckptlab.planning.front import plan_front, predicted_plans
 from ckptlab.planning.planner import BlockProfile, ChainPlan, NoPlanFits, Segment, plan_chain, smallest_peak_plan
 from ckptlab.spec.experiment import ExperimentSpec
 from ckptlab.strategies import BASELINE
 from ckptlab.worker.engine.block_profile import BlockRecorder, profile_record
+from ckptlab.worker.engine.block_timing import ChainTimes, time_chain
+from ckptlab.worker.engine.plan_overheads import plan_record, uniform_settings
 from ckptlab.worker.engine.training import FakeRun, autocast_for, build_checkpointed, make_optimizer
 from ckptlab.worker.errors import RunError
 from ckptlab.worker.measure.meter import Meter, optimizer_tensors, storage_bytes
@@ -82,7 +96,16 @@ class BudgetPlan:
         calibration_bytes: the planner's ``head_bytes``: what the part after the blocks
             holds at the end of forward, calibrated on the profile step.
         optimizer_peak_bytes: the optimizer step's own peak (bytes; no plan changes it).
-        profile_ms: wall time of profiling and planning, ms.
+        profile_ms: wall time of profiling, timing and planning, ms.
+        timing: the blocks' and the un-checkpointed step's times
+            (:func:`ckptlab.worker.engine.block_timing.time_chain`), or None (fake tensors,
+            or the blocks could not be timed apart: ``timing_error`` says why).
+        front: the planner's front, ``(budget bytes, plan)``, lowest budget first
+            (:func:`ckptlab.planning.front.plan_front`).
+        alternatives: the uniform strategies' settings as plans of the same chain under
+            the same model (:func:`ckptlab.worker.engine.plan_overheads.uniform_settings`),
+            ``(setting, plan)``.
+        timing_error: why the blocks were not timed apart, or None.
     """
 
     plan: ChainPlan
@@ -92,6 +115,10 @@ class BudgetPlan:
     calibration_bytes: int = 0
     optimizer_peak_bytes: int = 0
     profile_ms: float = 0.0
+    timing: ChainTimes | None = None
+    front: list[tuple[int, ChainPlan]] = field(default_factory=list)
+    alternatives: list[tuple[dict[str, Any], ChainPlan]] = field(default_factory=list)
+    timing_error: str | None = None
 
     @property
     def ranges(self) -> list[tuple[int, int]]:
@@ -99,17 +126,25 @@ class BudgetPlan:
         return [(s.start, s.end) for s in self.plan.segments if s.checkpointed]
 
     def summary(self) -> dict[str, Any]:
-        """The run summary's ``plan`` field."""
-        return {
-            "segments": [[s.start, s.end, s.checkpointed] for s in self.plan.segments],
-            "checkpointed_blocks": list(self.plan.checkpointed_blocks),
-            "recompute_ms": self.plan.recompute_ms,
+        """The run summary's ``plan`` field: the plan run (``segments``,
+        ``checkpointed_blocks``, ``recompute_ms``, ``predicted_overhead``), the memory
+        model's terms (bytes), the timing (``timing``, or ``timing_error``), the front
+        (``front``: ``budget_bytes``, ``predicted_peak_bytes``, ``predicted_overhead``
+        per point) and the ``alternatives`` (``name``, ``strategy``, ``segments`` ...)."""
+        out = {
+            **plan_record(self.plan, self.timing),
             "fixed_bytes": self.fixed_bytes,
             "calibration_bytes": self.calibration_bytes,
             "optimizer_peak_bytes": self.optimizer_peak_bytes,
             "profile_ms": self.profile_ms,
             "blocks": [profile_record(b) for b in self.blocks],
+            "timing": self.timing.public() if self.timing is not None else None,
+            "front": [{"budget_bytes": budget, **plan_record(p, self.timing)} for budget, p in self.front],
+            "alternatives": [{**setting, **plan_record(p, self.timing)} for setting, p in self.alternatives],
         }
+        if self.timing_error is not None:
+            out["timing_error"] = self.timing_error
+        return out
 
 
 def fixed_bytes_before_running(spec: ExperimentSpec, module: torch.nn.Module) -> tuple[int, str]:
@@ -168,6 +203,10 @@ def plan_for_budget(
     # tracker counts torch.get_rng_state()'s tensors; CUDA's allocator never holds them).
     rng_bytes = torch.get_rng_state().nbytes if meter.counts_rng_states and spec.checkpoint.preserve_rng_state else 0
     profiles, model, tail_peak = _memory_model(spec, step, state, rng_bytes)
+    timing, timing_error = _timed(spec, dev, built, step.optimizer) if fake is None else (None, None)
+    if timing is not None:  # the planner's recomputation times: measured apart, not under the tracker
+        times = zip(profiles, timing.forward_ms(), timing.last_ms(), strict=True)
+        profiles = [replace(b, forward_ms=ms, last_forward_ms=last) for b, ms, last in times]
     fixed = model["fixed_bytes"]
     opt_peak = step.optimizer_peak_bytes
     # No plan goes under the optimizer step's peak or the tail's (the stem's backward, after
@@ -214,8 +253,41 @@ def plan_for_budget(
         fixed_bytes=fixed,
         calibration_bytes=model["head_bytes"],
         optimizer_peak_bytes=opt_peak,
+        timing=timing,
+        front=plan_front(profiles, points=12 if len(profiles) <= 24 else 6, floor_bytes=floor, **model),
+        alternatives=_alternatives(spec, profiles, model, floor),
+        timing_error=timing_error,
         profile_ms=(time.perf_counter() - t0) * 1e3,
     )
+
+
+def _timed(
+    spec: ExperimentSpec, dev: torch.device, built: Built, optimizer: torch.optim.Optimizer
+) -> tuple[ChainTimes | None, str | None]:
+    """:func:`ckptlab.worker.engine.block_timing.time_chain` of the profiled copy, or None
+    and why when a block cannot run apart from the model's forward or the un-checkpointed
+    step does not fit (``torch.OutOfMemoryError``; the planner then keeps the profile step's
+    times).
+
+    Known limitation: on CUDA the timing's un-checkpointed steps stay in the allocator's
+    cache, so the run's reserved peak reads the un-checkpointed run's (an H200: 3,828 MiB
+    against 3,326 MiB without the timing, issue 31). Emptying the cache here brought it
+    back but put the measured allocated peak 8.5 MiB over the plan's prediction (1.5 MiB
+    without), presumably cuBLAS workspaces made again inside the run: not done."""
+    try:
+        return time_chain(spec, dev, built, optimizer), None
+    except (RuntimeError, TypeError, ValueError) as exc:
+        return None, f"{type(exc).__name__}: {exc}"
+
+
+def _alternatives(
+    spec: ExperimentSpec, profiles: list[BlockProfile], model: dict[str, int], floor: int
+) -> list[tuple[dict[str, Any], ChainPlan]]:
+    """The uniform strategies' settings as plans of the chain, predicted under the memory
+    model (peaks at least ``floor``): what ``auto``'s plan is compared with."""
+    settings = uniform_settings(len(profiles), spec.checkpoint)
+    plans = predicted_plans(profiles, {s["name"]: segs for s, segs in settings}, floor_bytes=floor, **model)
+    return [(s, plans[s["name"]]) for s, _ in settings]
 
 
 def _apart(a: int, b: int) -> tuple[str, str]:

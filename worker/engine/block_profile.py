@@ -303,4 +303,5 @@ def profile_record(b: BlockProfile) -> dict[str, Any]:
         "forward_bytes": b.forward_bytes,
         "released_bytes": b.released_bytes,
         "recompute_bytes": b.recompute_bytes,
+        "last_forward_ms": b.last_forward_ms,
     }

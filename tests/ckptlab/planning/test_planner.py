@@ -193,3 +193,33 @@ def test_a_segments_last_block_is_recomputed_only_up_to_its_last_saved_tensor():
     assert activation_peak([block, block], two, ckpt=5) == 5 + 100 + 100 + 40 + 5  # 250
     assert activation_peak([measured, measured], two, ckpt=5) == 5 + 100 + 100 + 10  # 215
     assert measured.last_recompute_bytes == 60 and block.last_recompute_bytes == 100
+
+
+def test_a_segment_s_last_block_costs_its_early_stopped_recomputation_and_the_plan_is_still_the_cheapest():
+    # Issue 31: a non-reentrant checkpoint stops recomputing a segment's last block after the
+    # last tensor it saves (the built-in transformer's block skips its last 20% there): a
+    # segment [s, e) costs the forwards of s .. e - 2 and last_forward_ms of e - 1.
+    blocks = [BlockProfile(100, 50, 2.0, last_forward_ms=1.5) for _ in range(4)]
+    assert recompute_ms(blocks, (Segment(0, 2, True), Segment(2, 4, False))) == pytest.approx(2.0 + 1.5)
+    assert recompute_ms(blocks, tuple(Segment(i, i + 1, True) for i in range(4))) == pytest.approx(4 * 1.5)
+    assert BlockProfile(100, 50, 2.0).end_ms == 2.0  # not measured: the whole forward
+    for seed in range(40):
+        rng = random.Random(seed)
+        timed = [replace(b, last_forward_ms=rng.uniform(0.2, 1.0) * b.forward_ms) for b in chain(5, seed)]
+        model = extras(seed)
+        peaks = {s: predict_peak(timed, s, **model) for s in all_segmentations(5)}
+        for budget in sorted(set(peaks.values()))[:: max(1, len(set(peaks.values())) // 4)]:
+            plan = plan_chain(timed, budget_bytes=budget, resolution=10**9, **model)
+            cheapest = min(recompute_ms(timed, s) for s, peak in peaks.items() if peak <= budget)
+            assert plan.recompute_ms == pytest.approx(cheapest), seed
+        least = smallest_peak_plan(timed, **model)
+        at_least = [recompute_ms(timed, s) for s, peak in peaks.items() if peak == least.predicted_peak_bytes]
+        assert least.recompute_ms == pytest.approx(min(at_least)), seed
+
+
+def test_identical_blocks_pool_their_early_stopped_times_too():
+    same = dict(retained_bytes=300, input_bytes=50)
+    blocks = [BlockProfile(forward_ms=t, last_forward_ms=t / 2, **same) for t in (1.0, 3.0, 2.0)]
+    assert [(b.forward_ms, b.last_forward_ms) for b in pooled_forward_times(blocks)] == [(2.0, 1.0)] * 3
+    untimed = [*blocks, BlockProfile(forward_ms=4.0, **same)]  # one member without: none for the group
+    assert {b.last_forward_ms for b in pooled_forward_times(untimed)} == {None}
