@@ -191,6 +191,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     api = APIRouter(prefix="/api", dependencies=auth, responses=BUSY_RESPONSE)
     api.include_router(experiments.router)
     api.include_router(timelines.router)
+    api.include_router(timelines.prediction_router)
     api.include_router(sweeps.router)
     api.include_router(plans.router)
     api.include_router(predictions.router)

@@ -7,7 +7,8 @@
  *   #/sweeps/<id>?budget=2GiB&overhead=20&sort=peak  one sweep: charts, runs, recommendation
  *   #/plans/<id>                                     a plan for a memory budget and its verdict
  *   #/predictions/<id>?run=<id>                      a prediction: fits or not, and beside a real run
- *   #/timeline?ids=1,2,3 (or ?sweep=<id>)            memory timelines of several runs on one axis
+ *   #/timeline?ids=1,2,3 (or ?sweep=<id>)            memory timelines of several runs on one axis,
+ *     &predictions=7,8                               and predictions' (fake tensors) beside them
  *
  * Modules: util.js (the server's vocabulary, formatting, API), live.js (resumable streams),
  * budget.js (lists, sizes, budgets; no DOM), charts.js (Plotly figures),

@@ -4,7 +4,7 @@
  * used), memory by category at the predicted peak, the auto plan, how it was predicted and
  * how far it may be off, a "what fits" table across every target (POST
  * /api/predictions/batch), and the same spec run for real beside the prediction
- * (predicted against measured, with the difference). */
+ * (predicted against measured, with the difference, and both memory timelines overlaid). */
 
 import { $, META, STATUS, TERMINAL, api, detailText, el, fmtBytes, fmtPct, kv, modelLabel, parseHash, statusBadge, strategyLabel } from './util.js';
 
@@ -143,7 +143,8 @@ async function showRun(p, runId) {
   const exp = r.body;
   const link = el('a', { href: `#/experiments/${exp.id}` }, `experiment #${exp.id}`);
   if (exp.status === STATUS.SUCCEEDED) {
-    box.replaceChildren(el('p', null, 'Measured by ', link, ' (the same spec on this machine\'s CPU):'), sideBySide(p, exp));
+    const timelines = el('a', { href: `#/timeline?ids=${exp.id}&predictions=${p.id}`, id: 'pred-timelines' }, 'compare the memory timelines, predicted and measured');
+    box.replaceChildren(el('p', null, 'Measured by ', link, ' (the same spec on this machine\'s CPU):'), sideBySide(p, exp), el('p', null, timelines));
   } else if (TERMINAL.has(exp.status)) {
     box.replaceChildren(el('p', null, link, ' ', statusBadge(exp.status), ' ', exp.error || ''));
   } else {
@@ -167,7 +168,8 @@ function render(p, runId) {
     el('section', { class: 'card' }, el('h3', null, 'How it was predicted'),
       el('p', { id: 'pred-method' }, info.method || ''),
       el('p', { class: 'muted', id: 'pred-bound' }, info.error_bound || ''),
-      el('ul', { id: 'pred-notes' }, ...(info.notes || []).map((n) => el('li', null, n)))),
+      el('ul', { id: 'pred-notes' }, ...(info.notes || []).map((n) => el('li', null, n))),
+      el('p', null, el('a', { href: `#/timeline?predictions=${p.id}`, id: 'pred-timeline' }, 'Its memory timeline (the fake tensors\' allocations and frees)'))),
     el('section', { class: 'card' }, el('h3', null, 'What fits'),
       el('div', { id: 'pred-targets' }, el('button', { type: 'button', class: 'secondary', id: 'pred-compare', onclick: () => compareTargets(p) }, 'Predict on every target'))),
     el('section', { class: 'card' }, el('h3', null, 'Predicted against measured'),

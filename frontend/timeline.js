@@ -2,10 +2,11 @@
  * allocation and free of the step, stacked by memory category, the forward / backward /
  * optimizer spans shaded, recomputations and the peak marked, each event's module and op on
  * hover; "who holds the peak" (module, category, saved or temporary), summing to the peak;
- * the events as JSON. A run without a timeline says why in one line (the API's 404).
+ * the events as JSON. A run without a timeline says why in one line (the API's 404). A run
+ * with a prediction of its spec links to both overlaid ("compare with prediction").
  * The span and phase helpers here are shared with timeline_overlay.js. */
 
-import { $, OKABE_ITO, TERMINAL, api, byteUnit, detailText, el, fmtBytes, fmtInt, loadPlotly } from './util.js';
+import { $, OKABE_ITO, STATUS, TERMINAL, api, byteUnit, detailText, el, fmtBytes, fmtInt, loadPlotly } from './util.js';
 import { CATEGORIES, PLOT_CONFIG, baseLayout, dropFlatRuns } from './charts.js';
 import { drawFitted } from './chart_fit.js';
 
@@ -23,6 +24,7 @@ const RECOMPUTE_COLOR = OKABE_ITO.black;
 export const PEAK_MARKER = { symbol: 'diamond', size: 12, color: OKABE_ITO.yellow, line: { color: OKABE_ITO.black, width: 1.2 } };
 
 let cur = null; // {id, step}: the timeline on show
+let offered = null; // {id}: the run whose predictions are being looked up
 
 // ------------------------------------------------------------------ shared
 
@@ -246,19 +248,44 @@ async function loadStep(id, step) {
   await drawFitted('chart-timeline', timelineFigure(tl), PLOT_CONFIG);
 }
 
+/** "compare with prediction": a link overlaying the run with the predictions of its spec
+ * that have a timeline (GET /api/experiments/{id}/predictions: the same spec but for what a
+ * prediction does not read, such as the device), the newest of each target, three at most. */
+async function offerPredictions(id) {
+  const mine = { id };
+  offered = mine;
+  let r;
+  try {
+    r = await api(`/api/experiments/${id}/predictions`);
+  } catch (_) {
+    return;
+  }
+  const newest = new Map();
+  for (const p of (r.ok && r.body.data) || []) if (!newest.has(p.target) && newest.size < 3) newest.set(p.target, p.id);
+  if (offered !== mine || !newest.size) return;
+  const box = $('timeline-overlay');
+  const link = el('a', { href: `#/timeline?ids=${id}&predictions=${[...newest.values()].join(',')}`, id: 'timeline-compare' },
+    `compare with prediction (${[...newest.keys()].join(', ')})`);
+  box.append(...(box.childNodes.length ? [' · ', link] : [link]));
+}
+
 /** The experiment page's timeline card for `exp`: hidden until the run has finished; then
- * the peak step's timeline and its holders, or the one line saying why there are none. */
+ * the peak step's timeline and its holders, or the one line saying why there are none, and
+ * a link to the predictions of its spec when there are any. */
 export function renderTimeline(exp) {
   cur = null;
+  offered = null;
   const card = $('exp-timeline');
   clearCard();
   card.hidden = !TERMINAL.has(exp.status);
   $('timeline-overlay').replaceChildren(...(exp.sweep_id ? [el('a', { href: `#/timeline?sweep=${exp.sweep_id}` }, `overlay with the other runs of sweep #${exp.sweep_id}`)] : []));
   if (!card.hidden) loadStep(exp.id, null);
+  if (exp.status === STATUS.SUCCEEDED) offerPredictions(exp.id);
 }
 
 // Leaving the page (any route change) hides the card: a new experiment draws its own.
 window.addEventListener('hashchange', () => {
   cur = null;
+  offered = null;
   $('exp-timeline').hidden = true;
 });

@@ -151,13 +151,21 @@ def predict_and_store(
     Raises:
         sqlalchemy.exc.OperationalError: the database cannot be reached or migrated.
     """
+    from ckptlab.analysis.timeline_rows import timeline_row
     from ckptlab.db.models import utcnow
     from ckptlab.worker.predict import predict_run
 
     started, clock = utcnow(), time.perf_counter()
+    timelines: list[dict[str, Any]] = []
     try:
         summary, status, error = (
-            predict_run(spec, target, capacity_bytes=capacity_bytes, model=model),
+            predict_run(
+                spec,
+                target,
+                capacity_bytes=capacity_bytes,
+                model=model,
+                on_timeline=lambda tl, is_peak: timelines.append(timeline_row(tl, is_peak)),
+            ),
             Status.SUCCEEDED,
             None,
         )
@@ -166,7 +174,8 @@ def predict_and_store(
     if summary is not None and names:
         summary = RunSummary.model_validate({**summary.dump(), **names})
     elapsed = round(time.perf_counter() - clock, 3)
-    return _store(database_url, spec, target, capacity_bytes, status, summary, error, started, elapsed)
+    outcome = (status, summary, error, timelines)
+    return _store(database_url, spec, target, capacity_bytes, outcome, started, elapsed)
 
 
 def _capacity(capacity_bytes: Any) -> int | None:
@@ -232,17 +241,17 @@ def _store(
     spec: ExperimentSpec,
     target: Target,
     capacity_bytes: int | None,
-    status: Status,
-    summary: RunSummary | None,
-    error: str | None,
+    outcome: tuple[Status, RunSummary | None, str | None, list[dict[str, Any]]],
     started: Any,
     elapsed_s: float,
 ) -> PredictionResult:
-    """Store the prediction (migrating the database first) and return it as a result."""
+    """Store the prediction (``outcome``: its status, summary, error and memory timelines'
+    rows), migrating the database first, and return it as a result."""
     from ckptlab.db.database import make_engine, make_sessionmaker, migrate
     from ckptlab.db.store import create_prediction
     from ckptlab.settings import get_settings
 
+    status, summary, error, timelines = outcome
     url = database_url or get_settings().resolved_database_url
     engine = make_engine(url)
     try:
@@ -258,6 +267,7 @@ def _store(
                 error=error,
                 created_at=started,
                 elapsed_s=elapsed_s,
+                timelines=timelines,
             )
     finally:
         engine.dispose()

@@ -34,7 +34,9 @@ class SpanPublic(BaseModel):
 class TimelinePublic(BaseModel):
     """One step's memory timeline: live bytes after each event, at most ``max_points`` of them
     (MinMaxLTTB over the live bytes, the peak always kept, exact), stacked by category, with
-    the module and op of each point's event, the phases and the recomputations."""
+    the module and op of each point's event, the phases and the recomputations. A run's names
+    its ``experiment_id`` and ``attempt``; a prediction's its ``prediction_id`` and
+    ``target``: the fake tensors' bytes as the live-tensor tracker counted them."""
 
     model_config = examples(
         {
@@ -61,8 +63,16 @@ class TimelinePublic(BaseModel):
         }
     )
 
-    experiment_id: int
-    attempt: int
+    experiment_id: int | None = Field(None, description="the run's experiment (null for a prediction's timeline)")
+    attempt: int | None = Field(None, description="the run's attempt read (null for a prediction's timeline)")
+    prediction_id: int | None = Field(None, description="the prediction (null for a run's timeline)")
+    target: str | None = Field(
+        None,
+        description="the prediction's target (null for a run's timeline); on cpu the timeline's peak is the "
+        "predicted peak to the byte; on a CUDA target the timeline is the fake tensor count (each block rounded to "
+        "512 B) and the predicted peak adds the cuBLAS workspaces to it (reserved bytes and the CUDA context are "
+        "modelled apart), so its peak is below the predicted peak",
+    )
     step: int = Field(description="the step shown")
     steps: list[int] = Field(description="the steps with a timeline: the first step and the run's peak step")
     peak_step: int | None = Field(description="the step that reached the run's peak (summary's peak_allocated_bytes)")

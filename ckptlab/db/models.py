@@ -17,6 +17,8 @@ Ids are 64-bit on both databases (:data:`Id`).
 - ``memory_timelines``: the memory timeline of a run's first and peak steps (issue 34;
   :mod:`ckptlab.analysis.timeline`): one compressed blob per attempt and step, with the
   figures a listing reads without opening it (events, bytes at the start and at the peak).
+- ``prediction_timelines``: the same for a prediction's memory pass on fake tensors, one row
+  per prediction and step.
 - ``predictions``: one "will it fit?" prediction of a spec for a target device
   (:mod:`ckptlab.prediction.targets`): the spec, the target, its outcome
   (:data:`PREDICTION_STATUSES`), the predicted summary and the error text.
@@ -67,7 +69,9 @@ __all__ = [
     "ExperimentEvent",
     "MemoryTimeline",
     "Prediction",
+    "PredictionTimeline",
     "PREDICTION_STATUSES",
+    "TimelineColumns",
     "Step",
     "StepRollup",
     "Sweep",
@@ -319,16 +323,10 @@ class Step(Base):
     experiment: Mapped[Experiment] = relationship(back_populates="steps")
 
 
-class MemoryTimeline(Base):
-    """The memory timeline of one step of one attempt (issue 34): every allocation and free
-    the live-tensor tracker counted, as :func:`ckptlab.analysis.timeline.encode` stores it.
-    Written by the worker with the run's outcome (:func:`ckptlab.db.queue.finish_experiment`),
-    for the first step and the step that reached the run's peak; bytes, event indices."""
+class TimelineColumns:
+    """The columns of a stored memory timeline but its key (issue 34;
+    :func:`ckptlab.analysis.timeline_rows.timeline_row` makes them): bytes, event indices."""
 
-    __tablename__ = "memory_timelines"
-
-    experiment_id: Mapped[int] = mapped_column(Id, ForeignKey("experiments.id", ondelete="CASCADE"), primary_key=True)
-    attempt: Mapped[int] = mapped_column(Integer, primary_key=True)
     step: Mapped[int] = mapped_column(Integer, primary_key=True)
     #: Whether this is the step whose peak is the run's (the summary's ``peak_allocated_bytes``).
     is_peak: Mapped[bool] = mapped_column(Boolean)
@@ -339,6 +337,30 @@ class MemoryTimeline(Base):
     peak_index: Mapped[int] = mapped_column(Integer)
     #: The blob (:func:`ckptlab.analysis.timeline.encode`); loaded only when asked for.
     data: Mapped[bytes] = mapped_column(LargeBinary, deferred=True)
+
+
+class MemoryTimeline(TimelineColumns, Base):
+    """The memory timeline of one step of one attempt (issue 34): every allocation and free
+    the live-tensor tracker counted, as :func:`ckptlab.analysis.timeline.encode` stores it.
+    Written by the worker with the run's outcome (:func:`ckptlab.db.queue.finish_experiment`),
+    for the first step and the step that reached the run's peak; bytes, event indices."""
+
+    __tablename__ = "memory_timelines"
+
+    experiment_id: Mapped[int] = mapped_column(Id, ForeignKey("experiments.id", ondelete="CASCADE"), primary_key=True)
+    attempt: Mapped[int] = mapped_column(Integer, primary_key=True)
+
+
+class PredictionTimeline(TimelineColumns, Base):
+    """The memory timeline of one step of a prediction's memory pass on fake tensors
+    (issue 34), as :class:`MemoryTimeline` stores a run's: the fake tensors' bytes as the
+    live-tensor tracker counted them (on target ``cpu`` the predicted peak to the byte; on a
+    CUDA target without the modelled terms, such as the cuBLAS workspaces). Stored with the
+    prediction (:func:`ckptlab.db.store.create_prediction`) for its first and peak steps."""
+
+    __tablename__ = "prediction_timelines"
+
+    prediction_id: Mapped[int] = mapped_column(Id, ForeignKey("predictions.id", ondelete="CASCADE"), primary_key=True)
 
 
 #: What a rollup bucket keeps of each metric, in column order: how many of its steps have a

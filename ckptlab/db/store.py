@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session, selectinload
 
 from ckptlab.db.database import is_postgresql, placeholder
 from ckptlab.db.events import record_events
-from ckptlab.db.models import PREDICTION_STATUSES, Experiment, Prediction, Step, Sweep, utcnow
+from ckptlab.db.models import PREDICTION_STATUSES, Experiment, Prediction, PredictionTimeline, Step, Sweep, utcnow
 from ckptlab.db.queue import WORKER_LOST
 from ckptlab.db.rollups import add_rollup
 from ckptlab.domain import SERIES_METRICS, STEP_FIELDS, Status
@@ -344,6 +344,7 @@ def create_prediction(
     finished_at: datetime | None = None,
     elapsed_s: float | None = None,
     commit: bool = True,
+    timelines: Sequence[Mapping[str, Any]] = (),
 ) -> Prediction:
     """Store one finished prediction (``predictions``) and, by default, commit.
 
@@ -357,6 +358,10 @@ def create_prediction(
         created_at, finished_at: UTC; default now (``finished_at``: now).
         elapsed_s: seconds it took.
         commit: False leaves the transaction open (a batch stores its rows in one).
+        timelines: the memory timelines its fake memory pass kept, stored with it (only
+            with a prediction that succeeded): the columns of
+            :class:`~ckptlab.db.models.PredictionTimeline` but ``prediction_id``
+            (:func:`ckptlab.analysis.timeline_rows.timeline_row`).
 
     Raises:
         ValueError: ``status`` is not a prediction's status (the CHECK constraint would
@@ -380,6 +385,9 @@ def create_prediction(
     )
     session.add(row)
     session.flush()
+    if timelines and status == Status.SUCCEEDED:
+        session.add_all(PredictionTimeline(**t, prediction_id=row.id) for t in timelines)
+        session.flush()
     if commit:
         session.commit()
     return row

@@ -28,9 +28,17 @@ from tests.factories import spec_dict
 FAILING_SEED = 13
 
 
-def fake_predict_run(spec: ExperimentSpec, target: Any, *, capacity_bytes: int | None = None, model: Any = None):
+def fake_predict_run(
+    spec: ExperimentSpec,
+    target: Any,
+    *,
+    capacity_bytes: int | None = None,
+    model: Any = None,
+    on_timeline: Any = None,
+):
     """``predict_run``'s signature and result shape: bytes that grow with the spec, a verdict
-    against the target's capacity (or ``capacity_bytes``). Records its calls."""
+    against the target's capacity (or ``capacity_bytes``). Records its calls; keeps no memory
+    timeline (``on_timeline`` is never called)."""
     fake_predict_run.calls.append({"spec": spec, "target": target, "capacity_bytes": capacity_bytes, "model": model})
     if spec.seed == FAILING_SEED:
         raise RuntimeError("aten::frobnicate has no fake kernel: the prediction cannot run it\nsecond line")

@@ -149,10 +149,62 @@ def test_the_experiment_page_shows_its_timeline_and_who_holds_the_peak(app: App,
     # A run stored without a timeline says why in one line, and nothing else fails.
     (old,) = _insert_finished_experiments(app.data_dir, 1)
     page.goto(f"{app.url}/#/experiments/{old}")
-    expect(page.locator("#timeline-none")).to_contain_text(f"Experiment {old} has no memory timeline: only CPU runs")
+    expect(page.locator("#timeline-none")).to_contain_text(
+        f"Experiment {old} has no memory timeline: runs the live-tensor tracker can follow"
+    )
     expect(page.locator("#timeline-body")).to_be_hidden()
     # Overlaid with a run that has one, it is named under the chart with the same reason.
     page.goto(f"{app.url}/#/timeline?ids={exp['id']},{old}")
     expect(page.locator("#overlay-missing")).to_contain_text(f"#{old}: Experiment {old} has no memory timeline")
     page.wait_for_function("(document.getElementById('overlay-chart').data || []).length === 2")
+    tab.assert_no_errors()
+
+
+#: The overlay's lines as drawn: per line its meta, name and dash, and per peak marker its meta and y.
+LINES_JS = """() => {
+  const data = document.getElementById('overlay-chart').data || [];
+  return {lines: data.filter((t) => t.meta && !t.meta.peak).map((t) => [t.meta, t.name, t.line.dash]),
+          peaks: data.filter((t) => t.meta && t.meta.peak).map((t) => [t.meta, t.y[0]])};
+}"""
+
+
+def test_a_run_and_its_prediction_overlaid_from_the_experiment_page(app: App, sweep, tab: Tab) -> None:
+    _, runs = sweep
+    exp = runs["per_block"]
+    code, pred = _request(f"{app.url}/api/predictions", {"spec": exp["spec"], "target": "cpu"})
+    assert code == 201 and pred["status"] == "succeeded", pred
+    page = tab.page
+    page.goto(f"{app.url}/#/experiments/{exp['id']}")
+    link = page.locator("#timeline-compare")
+    expect(link).to_have_text("compare with prediction (cpu)", timeout=RUN_TIMEOUT_MS)
+    link.click()
+    page.wait_for_url(re.compile(rf"#/timeline\?ids={exp['id']}&predictions={pred['id']}$"))
+    page.wait_for_function("(document.getElementById('overlay-chart').data || []).length === 4", timeout=RUN_TIMEOUT_MS)
+    drawn = page.evaluate(LINES_JS)
+    assert [(m, d) for m, _, d in drawn["lines"]] == [
+        ({"run": exp["id"]}, "solid"),
+        ({"prediction": pred["id"]}, "dash"),
+    ]
+    assert drawn["lines"][1][1] == "predicted (fake tensors, cpu)", drawn
+    peaks = {(m.get("run"), m.get("prediction")): y for m, y in drawn["peaks"]}
+    # on cpu the prediction's timeline reaches its predicted peak, which is the run's, to the byte
+    predicted = pred["summary"]["peak_allocated_bytes"]
+    assert predicted == exp["summary"]["peak_allocated_bytes"]
+    assert peaks[(None, pred["id"])] * MIB == pytest.approx(predicted, rel=1e-12, abs=0)
+    assert peaks[(exp["id"], None)] * MIB == pytest.approx(predicted, rel=1e-12, abs=0)
+    cell = page.locator(f"#overlay-runs-table tr[data-prediction='{pred['id']}'] td[data-bytes]")
+    assert int(cell.get_attribute("data-bytes")) == predicted
+    expect(page.locator("#overlay-title")).to_have_text("Memory timelines, predicted and measured")
+    expect(page.locator("#overlay-note")).to_contain_text("fake tensor count")
+    expect(page.locator("#overlay-predictions")).to_have_value(str(pred["id"]))
+    assert_charts_clear(page, ["overlay-chart"], screenshot="timeline-prediction")
+    found = _overflows(page, "timeline prediction")
+    assert not found, found
+
+    # The prediction's page links to the same overlay beside its run.
+    page.goto(f"{app.url}/#/predictions/{pred['id']}?run={exp['id']}")
+    expect(page.locator("#pred-timelines")).to_have_attribute(
+        "href", f"#/timeline?ids={exp['id']}&predictions={pred['id']}"
+    )
+    tab.assert_local_only(app.url)
     tab.assert_no_errors()

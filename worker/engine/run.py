@@ -58,6 +58,7 @@ TimelineCallback = Callable[[StepTimeline, bool], None]
 
 __all__ = [
     "TimelineCallback",
+    "hand_over_timelines",
     "resolve_device",
     "run_experiment",
     "conclude",
@@ -185,15 +186,16 @@ def run_experiment(
             raise RunError(f"{type(exc).__name__}: {exc}", warnings=warnings_so_far()) from exc
         caught = warnings_so_far()
     summary = RunSummary.model_validate({**summary.dump(), **finite_or_none(check)})
-    _hand_over_timelines(summary, kept, on_timeline)
+    hand_over_timelines(summary, kept, on_timeline)
     return conclude(summary, spec, strategy, planned, caught)
 
 
-def _hand_over_timelines(
+def hand_over_timelines(
     summary: RunSummary, kept: list[tuple[StepTimeline, bool]], on_timeline: TimelineCallback | None
 ) -> None:
-    """The kept memory timelines to ``on_timeline``, and the peak step's checkpointed regions
-    (what each meant to keep against what it kept: a finding when more) to ``summary``."""
+    """The kept memory timelines (``RunContext.timelines``) to ``on_timeline``, and the peak
+    step's checkpointed regions (what each meant to keep against what it kept, bytes: a
+    finding when more) to ``summary``; shared by the real run and the prediction."""
     keeps = next((tl.region_keeps for tl, is_peak in kept if is_peak), None)
     if keeps:
         summary.region_keeps = keeps

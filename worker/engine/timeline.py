@@ -26,6 +26,9 @@ as the step begins (cuBLAS workspaces) is one resident block, ``<not a tensor>``
 run's own readings stay the allocator's; the timeline's maximum reads them to within what
 the allocator makes inside the step that is no tensor's (a workspace's first use) and the
 rounding of blocks it splits.
+
+A prediction (:mod:`ckptlab.worker.predict`) records its memory pass on fake tensors the
+same way: on target ``cpu`` its timelines are the real run's, event for event.
 """
 
 from __future__ import annotations
@@ -167,13 +170,16 @@ class TimelineKeeper:
         self._moved = False
 
     @classmethod
-    def for_run(cls, run: TimelineContext, *, real: bool) -> TimelineKeeper | None:
+    def for_run(cls, run: TimelineContext, *, one_process: bool) -> TimelineKeeper | None:
         """A keeper for ``run``, or None: off (``record_timeline``), a compiled run (its
         kernels allocate where no tracker sees; on CPU the allocator probe measures it), or
-        not a ``real`` run (a prediction on fake tensors, a rank of a sharded run). A CUDA
-        run's steps are recorded under a tracker of their own (:attr:`shadow`)."""
+        not ``one_process`` (a rank of a sharded run, real or a prediction's rank 0). A CUDA
+        run's steps are recorded under a tracker of their own (:attr:`shadow`). A
+        prediction's run on fake tensors is recorded as a real one is: the same tracker
+        counts its tensors' bytes (on a CUDA target rounded as the allocator rounds them;
+        the prediction's modelled terms, such as the cuBLAS workspaces, are not events)."""
         cuda = run.meter.cuda and not run.strategy.compiles  # compiled kernels allocate unseen
-        if not (real and (run.meter.exact or cuda) and get_settings().record_timeline):
+        if not (one_process and (run.meter.exact or cuda) and get_settings().record_timeline):
             return None
         return cls(run)
 

@@ -50,6 +50,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
 from ckptlab.domain import Unattributed
@@ -71,6 +72,15 @@ _CATEGORY_CODES = {c: i for i, c in enumerate(CATEGORIES)}
 def _same(t: Any) -> Any:
     """The unpack hook: the tensor as packed."""
     return t
+
+
+def _counted(t: Any) -> bool:
+    """Whether ``t`` is a tensor whose storage the tracker counts and names: a plain one, or
+    a prediction's fake one (:mod:`ckptlab.worker.predict`) but a parameter (a real run's
+    parameters are ``nn.Parameter``, not plain: a fake one is a ``FakeTensor`` marked as a
+    parameter), not on ``meta``."""
+    plain = type(t) is torch.Tensor or (type(t) is FakeTensor and not isinstance(t, nn.Parameter))
+    return plain and t.device.type != "meta"
 
 
 class TimelineRecorder:
@@ -255,7 +265,7 @@ class TimelineRecorder:
         new bytes): the tensor itself, an op's own output (sigmoid, relu, softmax), would tie
         the output to its graph node in a cycle that outlives the step when backward never
         reaches that node (an output the loss ignores), as BlockRecorder._pack says."""
-        if type(t) is torch.Tensor and t.device.type != "meta":
+        if _counted(t):
             entry = self.tracker._live.get(t.untyped_storage()._cdata)
             if entry is not None and entry[1].block >= 0:
                 self._saved.setdefault(entry[1].block, self._stack[-1][1] if self._stack else -1)
@@ -263,7 +273,7 @@ class TimelineRecorder:
 
     def _region_output(self, region: int, output: Any) -> None:
         first = output[0] if isinstance(output, tuple) and output else output
-        if type(first) is torch.Tensor and first.device.type != "meta":
+        if _counted(first):
             entry = self.tracker._live.get(first.untyped_storage()._cdata)
             if entry is not None and entry[1].block >= 0:
                 self._outputs[entry[1].block] = region

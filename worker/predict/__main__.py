@@ -7,9 +7,13 @@ Request (one JSON object)::
     {"spec": {...}, "targets": ["cpu", "h100-80gb"]}
 
 Answer, one line per target, in the request's order: ``{"target": NAME, "status": S,
-"summary": {...RunSummary.dump()...}}`` with S :attr:`ckptlab.domain.Status.SUCCEEDED`'s
-value, or ``{"target": NAME, "status": S, "error": "one sentence"}`` with S
-:attr:`ckptlab.domain.Status.FAILED`'s.
+"summary": {...RunSummary.dump()...}, "timelines": [...]}`` with S
+:attr:`ckptlab.domain.Status.SUCCEEDED`'s value, or ``{"target": NAME, "status": S,
+"error": "one sentence"}`` with S :attr:`ckptlab.domain.Status.FAILED`'s. ``timelines``: the
+memory timelines the prediction's fake memory pass kept (its first and peak steps), each a
+row as :func:`ckptlab.analysis.timeline_rows.row_to_json` writes it (the blob base64); empty
+for a sharded spec, with ``record_timeline`` off, or when together they are over
+:data:`TIMELINE_ANSWER_BYTES` (the backend refuses longer lines).
 
 A spec with strategy ``auto`` and no ``checkpoint.budget_bytes`` gets each target's
 default budget (:func:`ckptlab.prediction.budget.default_budget_bytes`); on ``cpu``
@@ -27,12 +31,16 @@ from typing import Any, TextIO
 
 from pydantic import ValidationError
 
+from ckptlab.analysis.timeline_rows import row_to_json, timeline_row
 from ckptlab.domain import Status
 from ckptlab.prediction.budget import default_budget_bytes, needs_budget
 from ckptlab.prediction.targets import get_target
 from ckptlab.spec.experiment import ExperimentSpec
 
-__all__ = ["main", "parse_request", "answer", "validate_spec", "RequestError"]
+__all__ = ["main", "parse_request", "answer", "validate_spec", "RequestError", "TIMELINE_ANSWER_BYTES"]
+
+#: Most characters of base64 timelines one answer line carries (half the backend's line limit).
+TIMELINE_ANSWER_BYTES = 8 * 2**20
 
 
 class RequestError(ValueError):
@@ -90,11 +98,19 @@ def answer(spec: dict[str, Any], name: str, capacity_bytes: int | None) -> dict[
             raise ValueError(
                 f"strategy auto on {name} needs checkpoint.budget_bytes or capacity_bytes (the target has no capacity)"
             )
-        summary = predict_run(validate_spec(spec, budget_bytes=budget), target, capacity_bytes=capacity_bytes)
+        rows: list[dict[str, Any]] = []
+        summary = predict_run(
+            validate_spec(spec, budget_bytes=budget),
+            target,
+            capacity_bytes=capacity_bytes,
+            on_timeline=lambda tl, is_peak: rows.append(row_to_json(timeline_row(tl, is_peak))),
+        )
     except Exception as exc:  # noqa: BLE001 - every failure is this target's answer
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return {"target": name, "status": Status.FAILED.value, "error": text}
-    return {"target": name, "status": Status.SUCCEEDED.value, "summary": summary.dump()}
+    if sum(len(r["data"]) for r in rows) > TIMELINE_ANSWER_BYTES:
+        rows = []  # the prediction stands without its timelines
+    return {"target": name, "status": Status.SUCCEEDED.value, "summary": summary.dump(), "timelines": rows}
 
 
 def main(stdin: TextIO | None = None, stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:

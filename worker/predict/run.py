@@ -13,6 +13,9 @@ kernels), the loss or a gradient check (no values), plus ``prediction``
 (:class:`ckptlab.summary.PredictionInfo`, :mod:`ckptlab.worker.predict.verdict`).
 
 On ``cpu`` the figures are a real CPU run's (tests/worker/predict/test_cpu_equals_real.py).
+The fake memory pass records its memory timeline (issue 34) as a real run's does (its first
+and peak steps; ``predict_run``'s ``on_timeline``): the fake tensors' bytes as the tracker
+counts them, so on ``cpu`` its maximum is the predicted peak to the byte.
 On a CUDA target they are the fake CPU count adjusted for the target (see
 :mod:`ckptlab.worker.predict.fake`, :mod:`ckptlab.worker.predict.sdpa`,
 :mod:`ckptlab.worker.predict.allocator`): allocations rounded to 512 B, attention's saved
@@ -65,7 +68,7 @@ from ckptlab.summary import RankFigures, RunSummary
 from ckptlab.worker.distributed.shard import Rank
 from ckptlab.worker.engine.autoplan import BudgetPlan, fixed_bytes_before_running, plan_for_budget
 from ckptlab.worker.engine.context import RunContext
-from ckptlab.worker.engine.run import conclude, model_copies
+from ckptlab.worker.engine.run import TimelineCallback, conclude, hand_over_timelines, model_copies
 from ckptlab.worker.engine.summarize import summarize
 from ckptlab.worker.errors import RunError
 from ckptlab.worker.models.base import Built
@@ -91,7 +94,12 @@ _CPU = torch.device("cpu")
 
 
 def predict_run(
-    spec: ExperimentSpec, target: Target, *, capacity_bytes: int | None = None, model: Built | None = None
+    spec: ExperimentSpec,
+    target: Target,
+    *,
+    capacity_bytes: int | None = None,
+    model: Built | None = None,
+    on_timeline: TimelineCallback | None = None,
 ) -> RunSummary:
     """Predict ``spec``'s memory on ``target`` without allocating it (see the module docstring).
 
@@ -104,6 +112,15 @@ def predict_run(
         model: a model in hand (as :func:`ckptlab.worker.engine.run.run_experiment`'s),
             copied onto fake tensors; the original, in the caller's memory, is not counted
             (the real run's tracker counts it too when it is on the run's device). Default: None.
+        on_timeline: called, once the prediction has succeeded, with each memory timeline
+            its fake memory pass kept (a :class:`ckptlab.analysis.timeline.StepTimeline` and
+            whether it is the peak step's), as the real run's
+            (:func:`ckptlab.worker.engine.run.run_experiment`): its first and peak steps.
+            The timeline is the fake tensor count (bytes): on ``cpu`` its maximum is the
+            predicted peak to the byte; on a CUDA target the prediction adds what is
+            modelled, not counted (the cuBLAS workspaces), so the peak is above it. None for
+            a sharded spec (its rank 0 is traced, not recorded) or with ``record_timeline``
+            off. Default: None.
 
     Returns:
         The summary a real run on the target would have, memory only (bytes):
@@ -134,6 +151,7 @@ def predict_run(
                 run = _fake_memory_pass(spec, strategy, session, build, planned, rank)
                 summary = summarize(run)
                 fixed = fixed_bytes_before_running(spec, run.built.module)
+                kept = run.timelines
         except RunError as exc:
             exc.warnings = _messages(wlist)
             raise
@@ -151,7 +169,9 @@ def predict_run(
         session=session,
         profile_peak_bytes=profile_peak,
     )
-    return conclude(_as_prediction(summary, facts), spec, strategy, planned, caught)
+    predicted = _as_prediction(summary, facts)
+    hand_over_timelines(predicted, kept, on_timeline)
+    return conclude(predicted, spec, strategy, planned, caught)
 
 
 @contextlib.contextmanager

@@ -16,7 +16,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from ckptlab.analysis.timeline import StepTimeline, encode
+from ckptlab.analysis.timeline_rows import timeline_row  # re-exported: what finish_experiment stores
 from ckptlab.db.queue import finish_experiment, requeue_experiment
 from ckptlab.db.retry import with_retry
 from ckptlab.db.store import get_experiment
@@ -273,21 +273,6 @@ def _run(spec: ExperimentSpec, job: Job, writer: StepWriter, snapshot: str | Non
     if job.claimed_at is not None and first_step_at:
         summary.claim_to_first_step_s = first_step_at[0] - job.claimed_at
     return _Outcome(Status.SUCCEEDED, summary, None, list(summary.warnings), timelines=timelines)
-
-
-def timeline_row(tl: StepTimeline, is_peak: bool) -> dict[str, Any]:
-    """A memory timeline as :func:`ckptlab.db.queue.finish_experiment` stores it: the blob
-    (:func:`ckptlab.analysis.timeline.encode`) and its figures (bytes, event indices)."""
-    peak_bytes, peak_index = tl.peak()
-    return {
-        "step": tl.step,
-        "is_peak": is_peak,
-        "n_events": tl.n_events,
-        "baseline_bytes": tl.baseline_bytes,
-        "peak_bytes": peak_bytes,
-        "peak_index": peak_index,
-        "data": encode(tl),
-    }
 
 
 def _failure(exc: Exception) -> _Outcome:

@@ -3,8 +3,8 @@ a time limit and a memory cap, without blocking the event loop.
 
 The backend never imports torch: the worker's predictor runs in a child interpreter that
 reads the request as JSON on stdin and writes one JSON line per target on stdout (its
-``target``, its ``status``, succeeded with a ``summary`` or failed with an ``error``; exit 2
-with one stderr line for a malformed request). :func:`run_child` talks to
+``target``, its ``status``, succeeded with a ``summary`` and its memory ``timelines`` or
+failed with an ``error``; exit 2 with one stderr line for a malformed request). :func:`run_child` talks to
 it with asyncio's subprocess streams (no thread waits on it); :func:`outcomes` turns what it
 said, or did not say, into one :class:`Outcome` per target.
 
@@ -31,6 +31,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from ckptlab.analysis.timeline import TimelineFormatError
+from ckptlab.analysis.timeline_rows import row_from_json
 from ckptlab.backend.encoding import utf8_safe
 from ckptlab.domain import Status
 from ckptlab.summary import RunSummary
@@ -97,15 +99,18 @@ class ChildRun:
 
 @dataclass(frozen=True)
 class Outcome:
-    """How one target's prediction ended: ``status`` succeeded (with ``summary``), failed
-    or timed_out (with one sentence in ``error``); ``elapsed_s`` its share of the process's
-    seconds (from the previous answer, or the start, to its own)."""
+    """How one target's prediction ended: ``status`` succeeded (with ``summary`` and the
+    memory ``timelines`` its fake memory pass kept, as rows of ``prediction_timelines`` but
+    the key: :func:`ckptlab.analysis.timeline_rows.row_from_json`), failed or timed_out (with
+    one sentence in ``error``); ``elapsed_s`` its share of the process's seconds (from the
+    previous answer, or the start, to its own)."""
 
     target: str
     status: Status
     summary: RunSummary | None
     error: str | None
     elapsed_s: float
+    timelines: tuple[dict[str, Any], ...] = ()
 
 
 async def _tail(stream: asyncio.StreamReader) -> bytes:
@@ -213,6 +218,17 @@ def _answers(run: ChildRun, targets: Sequence[str]) -> dict[str, tuple[float, di
     return found
 
 
+def _timelines(answer: dict[str, Any]) -> tuple[dict[str, Any], ...]:
+    """The memory timelines a succeeded answer carries, checked; none when any is malformed
+    or two name one step (the prediction stands without them: its timeline reads as absent)."""
+    raw = answer.get("timelines")
+    try:
+        rows = tuple(row_from_json(r) for r in raw) if isinstance(raw, list) else ()
+    except TimelineFormatError:
+        return ()
+    return rows if len({r["step"] for r in rows}) == len(rows) else ()
+
+
 def _answered(answer: dict[str, Any]) -> tuple[Status, RunSummary | None, str | None]:
     """The status, summary and error one answer line states."""
     said = answer.get("status")
@@ -267,7 +283,8 @@ def outcomes(run: ChildRun, targets: Sequence[str], *, timeout_s: float, memory_
     previous = 0.0
     for target, (at, answer) in sorted(found.items(), key=lambda item: item[1][0]):
         status, summary, error = _answered(answer)
-        results[target] = Outcome(target, status, summary, error, round(at - previous, 3))
+        kept = _timelines(answer) if status == Status.SUCCEEDED else ()
+        results[target] = Outcome(target, status, summary, error, round(at - previous, 3), kept)
         previous = at
     rest = round(max(run.elapsed_s - previous, 0.0), 3)
     for target in targets:

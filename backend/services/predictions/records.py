@@ -98,7 +98,7 @@ def store_outcomes(
             the budget its target planned for (its summary's ``budget_bytes``; None for a
             target that had none).
         capacity_bytes: the capacity the request gave (bytes), or None.
-        found: the outcomes, one per target.
+        found: the outcomes, one per target (with a succeeded one's memory timelines).
         started: when the request arrived (UTC datetime): every row's ``created_at``.
     """
     finished = utcnow()
@@ -115,6 +115,7 @@ def store_outcomes(
             finished_at=finished,
             elapsed_s=o.elapsed_s,
             commit=False,
+            timelines=o.timelines,
         )
         for o in found
     ]

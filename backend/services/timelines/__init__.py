@@ -1,13 +1,16 @@
-"""A run's memory timeline for the API (issue 34): which steps have one, one step's live
-bytes downsampled (:mod:`.views`) and who holds its peak. A package of its own, so that
+"""A run's (or a prediction's) memory timeline for the API (issue 34): which steps have one,
+one step's live bytes downsampled (:mod:`.views`), who holds its peak, and the predictions
+of a run's spec that have one (:mod:`.matching`). A package of its own, so that
 ``backend/services`` keeps a dozen modules."""
 
+from ckptlab.backend.services.timelines.matching import predictions_of
 from ckptlab.backend.services.timelines.views import (
     DEFAULT_HOLDERS,
     DEFAULT_TIMELINE_POINTS,
     LoadedTimeline,
     NoTimeline,
     StepBeyondRun,
+    load_prediction_timeline,
     load_timeline,
     peak_holders_view,
     timeline_view,
@@ -19,7 +22,9 @@ __all__ = [
     "LoadedTimeline",
     "NoTimeline",
     "StepBeyondRun",
+    "load_prediction_timeline",
     "load_timeline",
     "peak_holders_view",
+    "predictions_of",
     "timeline_view",
 ]

@@ -57,6 +57,7 @@ CROSS_FIELD = [
     # a step beyond the run's memory pass (a 422 naming step) is known only from the run
     "GET /api/experiments/{experiment_id}/timeline",
     "GET /api/experiments/{experiment_id}/peak-holders",
+    "GET /api/predictions/{prediction_id}/timeline",
 ]
 ACCEPTED = ["2xx", "3xx", "401", "403", "404", "409", "429", "5xx"]  # schemathesis's default
 CONFIG = SchemathesisConfig.from_dict(

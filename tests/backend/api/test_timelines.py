@@ -91,6 +91,14 @@ def _detail(response) -> str:
     return detail if isinstance(detail, str) else " ".join(f"{e['loc']} {e['msg']}" for e in detail)
 
 
+def assert_refused(client, cases: list[tuple[str, int, str]]) -> None:
+    """Each ``(url, status, words)``: GET ``url`` answers ``status`` with ``words`` in its detail."""
+    for url, code, words in cases:
+        r = client.get(url)
+        assert r.status_code == code, (url, r.status_code, r.text)
+        assert words in _detail(r), (url, r.text)
+
+
 def test_bad_input_is_a_404_or_422_naming_why(client, run_id, sessions):
     base = f"/api/experiments/{run_id}"
     steps = client.get(f"{base}/timeline").json()["steps"]
@@ -111,10 +119,7 @@ def test_bad_input_is_a_404_or_422_naming_why(client, run_id, sessions):
         ("/api/experiments/999999/peak-holders", 404, "not found"),
         ("/api/experiments/0/timeline", 422, "experiment_id"),
     ]
-    for url, code, words in cases:
-        r = client.get(url)
-        assert r.status_code == code, (url, r.status_code, r.text)
-        assert words in _detail(r), (url, r.text)
+    assert_refused(client, cases)
 
 
 def test_runs_without_a_timeline_say_why(client, sessions):
@@ -128,7 +133,7 @@ def test_runs_without_a_timeline_say_why(client, sessions):
     for exp_id, words in (
         (queued, "is queued: only a run that succeeded"),
         (failed, "is failed: only a run that succeeded"),
-        (older, "has no memory timeline: only CPU runs"),
+        (older, "has no memory timeline: runs the live-tensor tracker can follow"),
     ):
         for route in ("timeline", "peak-holders"):
             r = client.get(f"/api/experiments/{exp_id}/{route}")
