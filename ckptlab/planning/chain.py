@@ -215,9 +215,10 @@ def predict_peak(
 
 
 def recompute_ms(blocks: Sequence[BlockProfile], segments: Sequence[Segment]) -> float:
-    """The recomputation of the checkpointed segments, ms: what the plan adds to a step
-    (each segment's blocks' ``forward_ms``, its last block's ``end_ms``: see the module's
-    time model)."""
+    """The recomputation of the checkpointed segments, ms: what the plan adds to one
+    micro-batch (each segment's blocks' ``forward_ms``, its last block's ``end_ms``: see the
+    module's time model); a step of ``k`` micro-batches pays it ``k`` times (as
+    ``plan.predicted_overhead.recompute_ms`` counts it)."""
     return sum(
         sum(b.forward_ms for b in blocks[s.start : s.end - 1]) + blocks[s.end - 1].end_ms
         for s in segments

@@ -321,10 +321,10 @@ class _Rounds:
         else:
             total, forward, recompute = self._checkpointed(i)
             plain = self._plain(i)
-        extra = total - plain  # the recomputation, the checkpoint's hooks and its RNG state
+        extra = max(total - plain, 0.0)  # recomputation, hooks, RNG state; noise can't make it < 0
         if self.stepper.spec.checkpoint.use_reentrant:  # no early stop, a forward without grad
             return extra, extra
-        return forward + extra - recompute, extra
+        return max(forward + extra - recompute, 0.0), extra
 
     def _run(self, i: int, fn: Callable[..., Any]) -> float:
         """``fn(*inputs)`` of block ``i`` under grad and the run's autocast, then a backward

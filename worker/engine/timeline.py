@@ -128,7 +128,9 @@ class TimelineKeeper:
         - The kept peak step may be a later step than the summary's peak step (the first
           step reaching the peak) when that one was not recorded; it reaches the same bytes.
         - A peak reached only by the pass's last step, after flat steps, is not recorded:
-          the kept step below it is then not marked the peak (:meth:`kept`).
+          the kept step below it is then not marked the peak (:meth:`kept`). A memory that
+          rises, falls and rises again records every step until one reaching its highest
+          peak is recorded.
     """
 
     def __init__(self, run: TimelineContext):
@@ -155,6 +157,7 @@ class TimelineKeeper:
             region_roots=roots,
             policy_ops=policy,
             param_names=dict(self.owner.values()),
+            reentrant=run.spec.checkpoint.use_reentrant,
         )
         #: storage key -> module name of the parameters, buffers and (once made) optimizer state
         self.by_key = {t.untyped_storage()._cdata: fqn for t, fqn in self.owner.values()}
@@ -260,6 +263,15 @@ class TimelineKeeper:
         self._moved = measured in self._highest and peak > self._highest[measured]
         for c in (False, True) if measured else (False,):
             self._highest[c] = max(peak, self._highest.get(c, peak))
+        self._keep_recorded(peak, measured)
+        # and while no recorded step reaches the highest peak seen (a memory that rose, fell
+        # and comes back: the steps that reach it again are recorded)
+        best = self._best.get(measured)
+        self._moved = self._moved or (best is not None and best[0] < self._highest[measured])
+
+    def _keep_recorded(self, peak: int, measured: bool) -> None:
+        """Keep :attr:`last` (a step peaking at ``peak`` bytes) if it is the first step or
+        the highest recorded so far."""
         if self.last is None:
             return
         step, recorded = self.last

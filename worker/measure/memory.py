@@ -201,7 +201,8 @@ class LiveTensorTracker(TorchDispatchMode):
             return
         entry = self._live.get(st._cdata)
         if entry is None:  # (a fake tensor's storage is on meta: counted only through its tensor)
-            if st.nbytes() and st.device.type != "meta":
+            device = st.device.type
+            if st.nbytes() and device != "meta" and self.device_type in (None, device):
                 self._count(st, self.category)
             return
         info = entry[1]

@@ -168,7 +168,7 @@ class Meter:
             self.shadow.category = category
 
     def retag(self, tensors, category: str) -> None:
-        """Move ``tensors``' bytes to ``category`` (CPU)."""
+        """Move ``tensors``' bytes to ``category`` (CPU; on CUDA, a recorded step's :attr:`shadow`)."""
         if self.tracking and self.exact:
             for t in tensors:
                 self.probe.retag(t, category)

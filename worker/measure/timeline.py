@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -98,6 +99,8 @@ class TimelineRecorder:
             (``aten.mm.default``); empty without a policy.
         param_names: parameter -> the name of the module owning it: a gradient that
             autograd's ``AccumulateGrad`` node makes for it is named after that module.
+        reentrant: the checkpoints are reentrant (``use_reentrant=True``): their recomputed
+            graphs are run by a backward of their own, on the thread that recomputed them.
 
     Attributes:
         op: the op (``OpOverload``) or call the tracker is counting outputs of (set by the tracker).
@@ -112,9 +115,10 @@ class TimelineRecorder:
         region_roots: Mapping[nn.Module, int] | None = None,
         policy_ops: Iterable[str] = (),
         param_names: Mapping[torch.Tensor, str] | None = None,
+        reentrant: bool = False,
     ):
         self.tracker, self.names, self.regions = tracker, dict(names), dict(regions or {})
-        self.param_names = dict(param_names or {})
+        self.param_names, self.reentrant = dict(param_names or {}), reentrant
         self.region_roots, self.policy_ops = dict(region_roots or {}), frozenset(policy_ops)
         #: module -> (its name, its region): what the module hooks push
         self._owner_of = {m: (name, self.regions.get(m, -1)) for m, name in self.names.items()}
@@ -140,13 +144,21 @@ class TimelineRecorder:
         self._recompute_spans: list[list[int]] = []
         self._stack: list[tuple[str, int]] = []
         self._depths: list[int] = []  # the module stack's depth as each recomputation began
+        # where each module's forward began and ended in autograd's numbering of nodes, and
+        # the module running there; numbers are counted per thread: the step's thread's here,
+        # a recomputation's on autograd's device thread (CUDA) in _other, with the ranges of
+        # numbers each of its recomputations made
         self._seqs: list[int] = []
         self._owners: list[tuple[str, int]] = []
+        self._other: dict[int, tuple[list[int], list[tuple[str, int]]]] = {}
+        self._ranges: dict[int, list[tuple[int, int]]] = {}
+        self._range_starts: list[int] = []
+        self._thread = threading.get_ident()
         self._phase: str | None = None
         self._backward = False
         self._scope = BATCH
         self._recomputing = 0
-        self._last_seq = -1
+        self._last_seq: tuple[int, int] = (-1, -1)
         self._last_owner: tuple[str, int] = (UNKNOWN, -1)
         self._resident = 0
         self._where: Mapping[str, Any] = {}
@@ -160,6 +172,7 @@ class TimelineRecorder:
         ``where["phase"]`` is read at each event. Call inside the tracker's mode."""
         self._reset()
         self._where = where
+        self._thread = threading.get_ident()
         names_by_key = names_by_key or {}
         for key, (_ref, info) in self.tracker._live.items():
             self._append(info, info.nbytes, names_by_key.get(key, UNKNOWN), -1, None)
@@ -217,10 +230,14 @@ class TimelineRecorder:
             self._recomputing += 1
             self._recompute_spans.append([len(self._events), len(self._events)])
             self._depths.append(len(self._stack))
+            self._range_starts.append(torch._C._autograd._get_sequence_nr())
         else:
             self._recomputing = max(self._recomputing - 1, 0)
             if self._recompute_spans:
                 self._recompute_spans[-1][1] = len(self._events)
+            if self._range_starts:
+                span = (self._range_starts.pop(), torch._C._autograd._get_sequence_nr())
+                self._ranges.setdefault(threading.get_ident(), []).append(span)
             # the module stack as the recomputation found it (an early stop may skip hooks)
             del self._stack[self._depths.pop() if self._depths else 0 :]
 
@@ -229,8 +246,16 @@ class TimelineRecorder:
         if owner is None:
             return  # a module outside the model (a loss module)
         self._stack.append(owner)
-        self._seqs.append(torch._C._autograd._get_sequence_nr())
-        self._owners.append(owner)
+        seqs, owners = self._marks()
+        seqs.append(torch._C._autograd._get_sequence_nr())
+        owners.append(owner)
+
+    def _marks(self) -> tuple[list[int], list[tuple[str, int]]]:
+        """This thread's node numbers and owners (:meth:`_enter`)."""
+        tid = threading.get_ident()
+        if tid == self._thread:
+            return self._seqs, self._owners
+        return self._other.setdefault(tid, ([], []))
 
     def _leave(self, module: nn.Module, _args: Any, output: Any) -> None:
         if module not in self._owner_of:
@@ -242,11 +267,16 @@ class TimelineRecorder:
             self._stack.pop()
         if not self._stack and not self._recomputing:
             self._scope = LOSS  # the model returned: what follows is the loss
-        self._seqs.append(torch._C._autograd._get_sequence_nr())
-        self._owners.append(self._stack[-1] if self._stack else (self._scope, -1))
+        seqs, owners = self._marks()
+        seqs.append(torch._C._autograd._get_sequence_nr())
+        owners.append(self._stack[-1] if self._stack else (self._scope, -1))
 
     def _node_owner(self) -> tuple[str, int]:
-        """The module whose forward made the autograd node running now (backward)."""
+        """The module whose forward made the autograd node running now (backward): looked up
+        in the numbering of the thread that made it: the step's thread, but for the nodes a
+        recomputation made on the thread running backward (a reentrant checkpoint's inner
+        backward, on autograd's device thread on CUDA), by the numbers that recomputation
+        made there."""
         node = torch._C._current_autograd_node()
         if node is None:
             return LOSS, -1  # the engine's seed gradient, before any node runs
@@ -254,10 +284,15 @@ class TimelineRecorder:
         if seq >= _NO_SEQUENCE:  # AccumulateGrad: a parameter's gradient, named after its owner
             name = self.param_names.get(getattr(node, "variable", None))  # type: ignore[arg-type]
             return (name, -1) if name is not None else (UNKNOWN, -1)
-        if seq != self._last_seq:
-            i = bisect.bisect_right(self._seqs, seq) - 1
-            self._last_seq = seq
-            self._last_owner = self._owners[i] if 0 <= i else (UNKNOWN, -1)
+        tid = threading.get_ident()
+        # (a non-reentrant checkpoint's recomputed graph is never run: every node is the step's)
+        if tid == self._thread or not self.reentrant or not any(a <= seq < b for a, b in self._ranges.get(tid, ())):
+            tid = self._thread
+        if (tid, seq) != self._last_seq:
+            seqs, owners = (self._seqs, self._owners) if tid == self._thread else self._other[tid]
+            i = bisect.bisect_right(seqs, seq) - 1
+            self._last_seq = (tid, seq)
+            self._last_owner = owners[i] if 0 <= i else (UNKNOWN, -1)
         return self._last_owner
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:

@@ -154,3 +154,48 @@ def test_recording_keeps_no_saved_output_alive_that_backward_never_reached():
     without = _live_after_steps(record=False)
     assert without[0] == without[-1]  # flat: nothing is kept from step to step
     assert _live_after_steps(record=True) == without
+
+
+def _checkpointed_names(use_reentrant: bool, backward_thread: bool) -> list[str]:
+    """The module each block of a step of a checkpointed net is named after, with its
+    backward run on the step's thread or on another one (as autograd runs it on CUDA)."""
+    import threading
+
+    from ckptlab.worker.engine.strategies import CheckpointedGroup
+
+    torch.manual_seed(0)
+    tracker = LiveTensorTracker()
+    with tracker:
+        blocks = [nn.Sequential(nn.Linear(16, 16), nn.ReLU()) for _ in range(2)]
+        group = CheckpointedGroup(blocks, use_reentrant=use_reentrant, preserve_rng_state=False)
+        model = nn.Sequential(nn.Linear(8, 16), group, nn.Linear(16, 4))
+        rec = TimelineRecorder(tracker, {m: n for n, m in model.named_modules()}, reentrant=use_reentrant)
+        group.on_recompute = rec.recompute
+        where = {"phase": "forward"}
+        rec.begin(where)
+        loss = model(torch.randn(4, 8, requires_grad=True)).square().sum()
+        where["phase"] = "backward"
+        if backward_thread:  # under the tracker's mode there too (autograd's threads inherit it)
+
+            def backward(loss: torch.Tensor) -> None:
+                with tracker:
+                    loss.backward()
+
+            worker = threading.Thread(target=backward, args=(loss,))
+            worker.start()
+            worker.join()
+        else:
+            loss.backward()
+        del loss
+        cols = rec.end()
+    return [cols["modules"][m] for m in cols["module"][cols["n_resident"] :]]
+
+
+@pytest.mark.parametrize("use_reentrant", [False, True])
+def test_a_backward_on_another_thread_is_named_as_on_the_steps_own(use_reentrant):
+    # autograd numbers its nodes per thread, and on CUDA runs backward (and a checkpoint's
+    # recomputation) on a thread of its own: the nodes are looked up in their maker's numbering
+    here = _checkpointed_names(use_reentrant, backward_thread=False)
+    there = _checkpointed_names(use_reentrant, backward_thread=True)
+    assert "1.group.0.0" in here and Unattributed.UNKNOWN not in here
+    assert there == here
