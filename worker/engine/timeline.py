@@ -50,7 +50,8 @@ from ckptlab.strategies import Mechanism, Strategy
 from ckptlab.worker.engine.strategies import CheckpointedGroup, OffloadedGroup, policy_saved_ops
 from ckptlab.worker.measure.memory import UNTRACKED_KEY, LiveTensorTracker
 from ckptlab.worker.measure.meter import Meter, optimizer_tensors
-from ckptlab.worker.measure.timeline import RecordedStep, TimelineRecorder
+from ckptlab.worker.measure.recorded_step import RecordedStep
+from ckptlab.worker.measure.timeline import TimelineRecorder
 from ckptlab.worker.models.base import Built, WrappedModel
 
 __all__ = ["TimelineContext", "TimelineKeeper", "module_names"]
