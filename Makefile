@@ -26,8 +26,11 @@ system-deps:
 up: install
 	$(BIN)/ckptlab up
 
+# -n auto: one pytest-xdist worker per core, each taking whole test files (a file's fixtures
+# and the browser tests' app are built once per worker); the tests that judge timings beside
+# busy loops run alone (tests/conftest.py). PYTEST_ARGS="-n 0": all in this one process.
 test: install system-deps
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n auto --dist loadfile $(PYTEST_ARGS)
 
 # The README's screenshots (docs/screenshots/*.png), from the browser tests; `make test`
 # writes its screenshots to a temporary folder instead.

@@ -78,6 +78,7 @@ def test_under_a_busy_host_identical_work_is_no_difference_and_a_real_overhead_i
         assert interval.measurable and interval.estimate_pct >= 15, interval
 
 
+@pytest.mark.alone  # under xdist: with the process's own torch threads (tests/conftest.py), so more than one
 def test_the_cpu_timing_pass_runs_on_one_thread_unless_told_otherwise(monkeypatch):
     from ckptlab.settings import get_settings
 
