@@ -358,7 +358,7 @@ def _cmdline(p: psutil.Process) -> list[str]:
 @pytest.mark.slow
 def test_a_lost_rank_requeues_the_run_and_fails_it_after_the_last_attempt(db, any_database_url, data_dir):
     spec = sharded_spec("mlp", "per_block").model_copy(
-        update={"steps": 60, "memory_early_stop": False, "verify_gradients": False}
+        update={"steps": 600, "memory_early_stop": False, "verify_gradients": False}
     )
     with db() as s:
         exp_id = store.create_experiment(s, spec=spec).id
