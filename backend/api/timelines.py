@@ -90,7 +90,8 @@ def get_timeline(
     max_points: MaxPoints = timelines.DEFAULT_TIMELINE_POINTS,
 ) -> TimelinePublic:
     """Live bytes after each allocation and free the live-tensor tracker counted in the step
-    (CPU runs; the first step and the peak step are recorded), at most ``max_points`` of
+    (CPU and CUDA runs, not compiled ones; the first step and the peak step are recorded;
+    on CUDA the allocator's bytes that are no tensor's are one block), at most ``max_points`` of
     them picked by MinMaxLTTB with the peak's event always kept, exact; stacked by memory
     category, each point naming its event's module, op, bytes, whether its block was saved
     for backward and its checkpoint region; the forward / backward / optimizer spans and the

@@ -1,6 +1,7 @@
-"""The memory pass's timelines (issue 34): steps of a CPU run measured by the exact
-live-tensor tracker are recorded (:class:`ckptlab.worker.measure.timeline.TimelineRecorder`),
-and two are kept: the first step and a step that reaches the run's peak (the summary's
+"""The memory pass's timelines (issue 34): steps of a run measured by the exact
+live-tensor tracker (on CPU the run's own, on CUDA one of the recorded steps' own) are
+recorded (:class:`ckptlab.worker.measure.timeline.TimelineRecorder`), and two are kept:
+the first step and a step that reaches the run's peak (the summary's
 ``peak_allocated_bytes``: the highest step after the warm-up).
 
 Not every step is recorded (recording costs a step about a tenth to a quarter more time on
