@@ -80,7 +80,8 @@ def module_names(root: nn.Module) -> tuple[dict[nn.Module, str], dict[nn.Module,
     renames: list[tuple[str, str]] = []
     regions: dict[nn.Module, int] = {}
     region_names: list[str] = []
-    for fqn, module in root.named_modules():
+    named = list(root.named_modules())
+    for fqn, module in named:
         if isinstance(module, CheckpointedGroup | OffloadedGroup) and hasattr(module, "blocks_range"):
             start, end = module.blocks_range
             container = fqn.rpartition(".")[0]
@@ -96,7 +97,7 @@ def module_names(root: nn.Module) -> tuple[dict[nn.Module, str], dict[nn.Module,
                 return new + fqn[len(old) :]
         return fqn
 
-    names = {m: renamed(fqn) for fqn, m in root.named_modules()}
+    names = {m: renamed(fqn) for fqn, m in named} if renames else {m: fqn for fqn, m in named}
     if isinstance(root, WrappedModel):  # the model's own names: ``layers.0``, not ``model.layers.0``
         names = {m: _unwrapped(name) for m, name in names.items()}
         region_names = [_unwrapped(name) for name in region_names]
@@ -143,9 +144,10 @@ class TimelineKeeper:
         policy = policy_saved_ops(ck.policy) if run.strategy.mechanism == Mechanism.CHECKPOINT_WITH_POLICY else ()
         #: id of each parameter and buffer -> (it, the name of the module owning it)
         self.owner: dict[int, tuple[torch.Tensor, str]] = {}
-        for module, fqn in names.items():
-            for t in (*module.parameters(recurse=False), *module.buffers(recurse=False)):
-                self.owner.setdefault(id(t), (t, fqn))
+        for module, fqn in names.items():  # (the module's own dicts: its generators cost more)
+            for t in (*module._parameters.values(), *module._buffers.values()):
+                if t is not None:
+                    self.owner.setdefault(id(t), (t, fqn))
         #: On CUDA, the live-tensor tracker a recorded step runs under (the CPU's is the run's own)
         self.shadow = (
             None

@@ -5,6 +5,7 @@ the steps kept (issue 34). Split from :mod:`ckptlab.worker.measure.timeline`, wh
 
 from __future__ import annotations
 
+from operator import attrgetter, itemgetter
 from typing import Any
 
 import numpy as np
@@ -14,6 +15,7 @@ from ckptlab.worker.measure.memory import CATEGORIES
 __all__ = ["RecordedStep"]
 
 _CATEGORY_CODES = {c: i for i, c in enumerate(CATEGORIES)}
+_first, _second, _category = itemgetter(0), itemgetter(1), attrgetter("category")
 
 
 def _op_name(op: Any) -> str:
@@ -33,7 +35,7 @@ class RecordedStep:
 
     def __init__(self, recorder: Any, policy_ops: frozenset[str]):
         r = recorder
-        self.blocks, self.modules, self.ops = r._blocks, r._modules, [op for _code, op in r._ops.values()]
+        self.blocks = r._blocks
         self.renamed, self.events, self.saved = r._renamed, r._events, r._saved
         self.outputs, self.phases, self.recompute_spans = r._outputs, r._phases, r._recompute_spans
         self.resident, self.policy_ops = r._resident, policy_ops
@@ -49,9 +51,13 @@ class RecordedStep:
         event index, phase) where each phase starts), ``recompute_spans`` ((first, end) event
         indices), ``n_resident`` (blocks ``0 .. n_resident - 1`` were alive as the step began)
         and ``region_keeps`` (:meth:`region_keeps`)."""
-        infos, nbytes, module, region_of, op, recomputed = zip(*self.blocks, strict=True) if self.blocks else ((),) * 6
-        modules = dict(self.modules)
-        module_code = np.array(module, dtype=np.int32)
+        infos, nbytes, owners, ops, recomputed = zip(*self.blocks, strict=True) if self.blocks else ((),) * 5
+        # (map over C callables, not comprehensions: a kept step's columns are made inside the
+        # memory pass, and small models' steps make few milliseconds of work)
+        names = list(map(_first, owners))
+        modules = {name: i for i, name in enumerate(dict.fromkeys(names))}
+        module_code = np.array(list(map(modules.__getitem__, names)), dtype=np.int32)
+        region_of = list(map(_second, owners))
         for block, name in self.renamed.items():
             module_code[block] = modules.setdefault(name, len(modules))
         module_names = list(modules)
@@ -60,8 +66,12 @@ class RecordedStep:
             used[module_code] = True
             module_code = (np.cumsum(used, dtype=np.int32) - 1)[module_code]
             module_names = [m for m, keep in zip(module_names, used.tolist(), strict=True) if keep]
-        op_code = np.array(op, dtype=np.int32)
-        op_names = [_op_name(o) for o in self.ops]
+        # ops by identity: an ``OpOverload``'s own hash is Python's
+        ids = list(map(id, ops))
+        by_id = dict(zip(ids, ops, strict=True))
+        codes = {key: i for i, key in enumerate(by_id)}
+        op_code = np.array(list(map(codes.__getitem__, ids)), dtype=np.int32)
+        op_names = [_op_name(o) for o in by_id.values()]
         events = np.array(self.events, dtype=np.int32)
         region = np.array(region_of, dtype=np.int32)
         sizes = np.array(nbytes, dtype=np.int64)
@@ -72,12 +82,12 @@ class RecordedStep:
         return {
             "events": events,
             "nbytes": sizes,
-            "category": np.array([_CATEGORY_CODES[i.category] for i in infos], dtype=np.uint8),
+            "category": np.array(list(map(_CATEGORY_CODES.__getitem__, map(_category, infos))), dtype=np.uint8),
             "module": module_code,
             "op": op_code,
             "region": region,
             "saved": saved,
-            "recomputed": np.array(recomputed, dtype=bool),
+            "recomputed": np.array(recomputed, dtype=np.int32) > 0,
             "categories": list(CATEGORIES),
             "modules": module_names,
             "ops": op_names,

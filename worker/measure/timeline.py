@@ -118,6 +118,8 @@ class TimelineRecorder:
     ):
         self.tracker, self.names, self.regions = tracker, dict(names), dict(regions or {})
         self.param_names, self.reentrant = dict(param_names or {}), reentrant
+        #: id of each parameter -> (it, its module's name): a tensor's hash is a Python call
+        self._param_by_id = {id(t): (t, name) for t, name in self.param_names.items()}
         self.region_roots, self.policy_ops = dict(region_roots or {}), frozenset(policy_ops)
         #: module -> (its name, its region): what the module hooks push
         self._owner_of = {m: (name, self.regions.get(m, -1)) for m, name in self.names.items()}
@@ -127,12 +129,10 @@ class TimelineRecorder:
         self._reset()
 
     def _reset(self) -> None:
-        #: per block: (tracker entry, bytes, module code into _modules, region, op code into
-        #: _ops, made in a recomputation); codes, so that the columns are made in C (zip)
-        self._blocks: list[tuple[Any, int, int, int, int, bool]] = []
-        self._modules: dict[str, int] = {}
-        #: id of each op seen -> (its code, the op): an ``OpOverload``'s own hash is Python's
-        self._ops: dict[int, tuple[int, Any]] = {}
+        #: per block: (tracker entry, bytes, (module name, region), op, recomputations
+        #: running as it was made); names and ops are coded once per kept step
+        #: (:meth:`RecordedStep.columns`), not at each event
+        self._blocks: list[tuple[Any, int, tuple[str, int], Any, int]] = []
         self._renamed: dict[int, str] = {}
         self._events: list[int] = []
         #: blocks autograd packed -> the region whose forward packed it (-1: none)
@@ -172,9 +172,10 @@ class TimelineRecorder:
         self._reset()
         self._where = where
         self._thread = threading.get_ident()
-        names_by_key = names_by_key or {}
-        for key, (_ref, info) in self.tracker._live.items():
-            self._append(info, info.nbytes, names_by_key.get(key, UNKNOWN), -1, None)
+        named, blocks = (names_by_key or {}).get, self._blocks
+        for block, (key, (_ref, info)) in enumerate(self.tracker._live.items()):
+            info.block = block
+            blocks.append((info, info.nbytes, (named(key, UNKNOWN), -1), None, 0))
         self._resident = len(self._blocks)
         # two global module hooks, not two per module: registering a hook per module and
         # step cost small models' recorded steps more than calling them
@@ -226,6 +227,8 @@ class TimelineRecorder:
     def recompute(self, starting: bool) -> None:
         """A checkpoint's recomputation starts (True) or ends (False) now."""
         if starting:
+            if self._where.get("phase") != self._phase:  # (alloc notes it only outside modules)
+                self._note_phase()
             self._recomputing += 1
             self._recompute_spans.append([len(self._events), len(self._events)])
             self._depths.append(len(self._stack))
@@ -244,6 +247,8 @@ class TimelineRecorder:
         owner = self._owner_of.get(module)
         if owner is None:
             return  # a module outside the model (a loss module)
+        if not self._stack and self._where.get("phase") != self._phase:  # the model is called
+            self._note_phase()
         self._stack.append(owner)
         seqs, owners = self._marks()
         seqs.append(torch._C._autograd._get_sequence_nr())
@@ -281,8 +286,9 @@ class TimelineRecorder:
             return LOSS, -1  # the engine's seed gradient, before any node runs
         seq = node._sequence_nr()
         if seq >= _NO_SEQUENCE:  # AccumulateGrad: a parameter's gradient, named after its owner
-            name = self.param_names.get(getattr(node, "variable", None))  # type: ignore[arg-type]
-            return (name, -1) if name is not None else (UNKNOWN, -1)
+            variable = getattr(node, "variable", None)
+            entry = self._param_by_id.get(id(variable))
+            return (entry[1], -1) if entry is not None and entry[0] is variable else (UNKNOWN, -1)
         tid = threading.get_ident()
         # (a non-reentrant checkpoint's recomputed graph is never run: every node is the step's)
         if tid == self._thread or not self.reentrant or not any(a <= seq < b for a, b in self._ranges.get(tid, ())):
@@ -303,6 +309,9 @@ class TimelineRecorder:
             entry = self.tracker._live.get(t.untyped_storage()._cdata)
             if entry is not None and entry[1].block >= 0:
                 self._saved.setdefault(entry[1].block, self._stack[-1][1] if self._stack else -1)
+        if type(t) is torch.Tensor or type(t) is nn.Parameter:  # an alias makes no storage: no mode need see it
+            with torch._C._DisableTorchDispatch():
+                return t.detach()
         return t.detach()
 
     def _region_output(self, region: int, output: Any) -> None:
@@ -327,31 +336,23 @@ class TimelineRecorder:
 
     def alloc(self, info: Any, nbytes: int) -> None:
         """The tracker counted a new storage of ``nbytes`` bytes (``info``: its entry)."""
-        if self._where.get("phase") != self._phase:
-            self._note_phase()
-        if self._stack:
-            name, region = self._stack[-1]
-        elif self._backward:
-            name, region = self._node_owner()
+        if self._stack:  # inside a module: the phase moves only between the model's calls
+            owner = self._stack[-1]
         else:
-            name, region = self._scope, -1
-        self._events.append(self._append(info, nbytes, name, region, self.op))
-
-    def _append(self, info: Any, nbytes: int, module: str, region: int, op: Any) -> int:
-        """A new block; its id."""
-        info.block = block = len(self._blocks)
-        module_code = self._modules.get(module)
-        if module_code is None:
-            module_code = self._modules[module] = len(self._modules)
-        op_code = self._ops.get(id(op))
-        if op_code is None:
-            op_code = self._ops[id(op)] = (len(self._ops), op)
-        self._blocks.append((info, nbytes, module_code, region, op_code[0], self._recomputing > 0))
-        return block
+            if self._where.get("phase") != self._phase:
+                self._note_phase()
+            owner = self._node_owner() if self._backward else (self._scope, -1)
+        blocks = self._blocks
+        info.block = block = len(blocks)
+        blocks.append((info, nbytes, owner, self.op, self._recomputing))
+        self._events.append(block)
 
     def free(self, info: Any) -> None:
         """The tracker saw a counted storage freed (``info``: its entry)."""
-        if 0 <= info.block < len(self._blocks) and self._blocks[info.block][0] is info:
-            if self._where.get("phase") != self._phase:
+        # every counted storage has a block of this step: begin numbered those alive then,
+        # alloc the rest (a -1 would be one the tracker counted while nothing recorded)
+        block = info.block
+        if block >= 0:
+            if not self._stack and self._where.get("phase") != self._phase:
                 self._note_phase()
-            self._events.append(~info.block)
+            self._events.append(~block)
