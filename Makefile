@@ -28,9 +28,11 @@ up: install
 
 # -n auto: one pytest-xdist worker per core, each taking whole test files (a file's fixtures
 # and the browser tests' app are built once per worker); the tests that judge timings beside
-# busy loops run alone (tests/conftest.py). PYTEST_ARGS="-n 0": all in this one process.
+# busy loops run alone (tests/conftest.py). The files go out longest first, in the order
+# tests/conftest.py collects them (tests/file_seconds.json), not xdist's most-tests-first.
+# PYTEST_ARGS="-n 0": all in this one process.
 test: install system-deps
-	$(BIN)/python -m pytest -n auto --dist loadfile $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n auto --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # The README's screenshots (docs/screenshots/*.png), from the browser tests; `make test`
 # writes its screenshots to a temporary folder instead.

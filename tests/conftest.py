@@ -3,6 +3,7 @@ strategy, a registered model kind)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -29,12 +30,24 @@ from tests.support import stop_process
 os.environ.setdefault("CKPTLAB_ALLOWED_HOSTS", "testserver,localhost,127.0.0.1,[::1]")
 
 
+#: Seconds each test file took in a full ``make test`` (tests/file_seconds.json; files under
+#: 5 s left out): under pytest-xdist the workers collect the files longest first.
+FILE_SECONDS: dict[str, float] = json.loads((Path(__file__).parent / "file_seconds.json").read_text())
+
+
 def pytest_collection_modifyitems(config, items):
     """Mark every test that takes :func:`cpu_load` ``alone`` (see :func:`pytest_runtest_protocol`),
-    and skip tests marked ``gpu`` when CUDA is absent."""
+    and skip tests marked ``gpu`` when CUDA is absent. Under pytest-xdist, order the files
+    longest first (:data:`FILE_SECONDS`; a file's tests keep their order, an unlisted file
+    counts 0 and runs last): ``make test`` hands out whole files in that order
+    (``--dist loadfile --no-loadscope-reorder``), so no long file starts last and keeps one
+    worker busy after the other has finished (the default order, most tests first, started
+    the 90-second one-test files last)."""
     for item in items:
         if "cpu_load" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.alone)
+    if hasattr(config, "workerinput"):
+        items.sort(key=lambda item: -FILE_SECONDS.get(item.nodeid.split("::", 1)[0], 0))
     try:
         import torch
 
