@@ -236,9 +236,14 @@ class RunSummary(BaseModel):
     plan: dict[str, Any] | None = Field(
         None,
         description=(
-            "segments [start, end, checkpointed], checkpointed_blocks, predicted_peak_bytes, predicted_overhead "
+            "segments [start, end, checkpointed] (a fourth item: the selective policy of a one-block selective "
+            "checkpoint), checkpointed_blocks, selective_blocks (block -> policy), predicted_peak_bytes, "
+            "predicted_overhead "
             "(fractions of the un-checkpointed step: estimate, low, high), front (budget_bytes, predicted_peak_bytes, "
-            "predicted_overhead per point), alternatives, timing, block profiles; recompute_ms (ms) for programs"
+            "predicted_overhead per point), alternatives (each: its setting, e.g. name, strategy, segments or every, "
+            "and its plan: plan_segments, checkpointed_blocks, predicted_peak_bytes, predicted_overhead ...), timing, "
+            "block profiles, selective_policies (what the search could choose beside keep and recompute); "
+            "recompute_ms (ms) for programs"
         ),
     )
     # Words.

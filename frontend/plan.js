@@ -133,18 +133,25 @@ export function submitPlan(spec, budgetText, withCompile) {
 function blockDiagram(plan, auto) {
   if (!plan) return el('p', { class: 'muted' }, 'The plan appears when the auto run has profiled the model.');
   const boxes = [];
-  for (const [start, end, checkpointed] of plan.segments) {
+  // A fourth item names the selective policy a block is checkpointed under (issue 31).
+  for (const [start, end, checkpointed, policy] of plan.segments) {
     const members = [];
     for (let i = start; i < end; i += 1) {
-      members.push(el('span', { class: `block${checkpointed ? ' recomputed' : ''}`, title: `block ${i}: keeps ${fmtBytes(plan.blocks[i].retained_bytes)}, forward ${fmtMs(plan.blocks[i].forward_ms)}` }, String(i)));
+      const b = plan.blocks[i];
+      const p = policy && (b.policy_profiles || []).find((x) => x.policy === policy);
+      const title = p
+        ? `block ${i} (selective: ${policy}): keeps ${fmtBytes(p.kept_bytes)}, adds ${fmtMs(p.ms)} a step`
+        : `block ${i}: keeps ${fmtBytes(b.retained_bytes)}, forward ${fmtMs(b.forward_ms)}`;
+      members.push(el('span', { class: `block${checkpointed ? ' recomputed' : ''}`, title }, policy ? `${i}s` : String(i)));
     }
     boxes.push(el('span', { class: `segment${checkpointed ? ' checkpointed' : ''}` }, ...members));
   }
+  const selective = Object.entries(plan.selective_blocks || {});
   const n = plan.checkpointed_blocks.length;
   return el('div', null,
     el('div', { class: 'block-row', id: 'plan-blocks-row', role: 'img', 'aria-label': `${n} of ${plan.blocks.length} blocks checkpointed` }, ...boxes),
     el('p', { class: 'muted small' }, n
-      ? `${n} of ${plan.blocks.length} blocks checkpointed (outlined segments are recomputed in backward)`
+      ? `${n} of ${plan.blocks.length} blocks checkpointed (outlined segments are recomputed in backward)${selective.length ? `; selective (matmul/attention outputs kept, "s"): ${selective.map(([b, p]) => `block ${b} ${p}`).join(', ')}` : ''}`
       : 'No block needs checkpointing for this budget.'),
     n ? el('p', { class: 'small', id: 'plan-overhead' }, `Step-time overhead over ${BASELINE}: `,
       overheadWords(plan, auto && auto.status === STATUS.SUCCEEDED ? auto.paired_overhead : null)) : null);

@@ -191,17 +191,30 @@ def _overhead_words(o: dict | None, *, scale: float = 1.0) -> str | None:
     return f"{scale * estimate:+.1f}%{ci}"
 
 
+def selective_words(plan: dict) -> str:
+    """The blocks of an ``auto`` plan checkpointed under a selective policy, in words
+    (``" (selective: block 3 save_matmuls)"``), or ``""`` where none is
+    (``plan.selective_blocks``, issue 31)."""
+    chosen = plan.get("selective_blocks") or {}
+    if not chosen:
+        return ""
+    return (
+        " (selective: " + ", ".join(f"block {b} {p}" for b, p in sorted(chosen.items(), key=lambda x: int(x[0]))) + ")"
+    )
+
+
 def _plan_line(sm: RunSummary) -> str:
-    """Strategy auto's plan and its time side (issue 31): the blocks it checkpointed, the
-    step-time overhead the plan predicted (``plan.predicted_overhead``: fractions of the
-    un-checkpointed step) against the one this run measured paired with an un-checkpointed
-    copy in its process (``paired_overhead``, %)."""
+    """Strategy auto's plan and its time side (issue 31): the blocks it checkpointed (those
+    under a selective policy named: :func:`selective_words`), the step-time overhead the
+    plan predicted (``plan.predicted_overhead``: fractions of the un-checkpointed step)
+    against the one this run measured paired with an un-checkpointed copy in its process
+    (``paired_overhead``, %)."""
     plan = sm.plan or {}
     predicted = _overhead_words(plan.get("predicted_overhead"), scale=100.0)
     paired = sm.paired_overhead.model_dump() if sm.paired_overhead is not None else None
     measured = _overhead_words(paired)
     return (
-        f"auto plan: blocks {plan.get('checkpointed_blocks')} checkpointed; step-time overhead "
+        f"auto plan: blocks {plan.get('checkpointed_blocks')} checkpointed{selective_words(plan)}; step-time overhead "
         f"{f'predicted {predicted}' if predicted else 'not predicted'}, "
         f"{f'measured paired {measured}' if measured else 'not measured paired'}"
     )
@@ -250,7 +263,8 @@ def _prediction_lines(sm: RunSummary) -> list[str]:
     if sm.plan:
         blocks = sm.plan.get("checkpointed_blocks")
         lines.append(
-            f"auto plan: checkpoint blocks {blocks}, predicted peak {_mib(sm.predicted_peak_bytes)} MiB"
+            f"auto plan: checkpoint blocks {blocks}{selective_words(sm.plan)}, predicted peak "
+            f"{_mib(sm.predicted_peak_bytes)} MiB"
             f" under a budget of {_mib(sm.budget_bytes)} MiB"
         )
     if sm.peak_explanation:

@@ -136,7 +136,10 @@ class PlanPublic(BaseModel):
     budget_bytes: int
     finished: bool
     points: list[PlanPointPublic]
-    plan: dict[str, Any] | None = Field(description="the auto run's plan: segments [start, end, checkpointed], ...")
+    plan: dict[str, Any] | None = Field(
+        description="the auto run's plan: segments [start, end, checkpointed] (a fourth item: a selective "
+        "block's policy), ...",
+    )
     recommendation: RecommendationPublic | None
     model: str = Field("", description="the model planned for, in one line (its kind's label: 'mlp 8×64')")
     predicted_front: list[PredictedPointPublic] = Field(

@@ -45,6 +45,19 @@ wins: each ``checkpoint`` call costs a little beyond its recomputation (measured
 bench's ResNet generator, 4 blocks recomputed as 3 checkpoints: +24% step time against +20%
 as one; docs/benchmarks.md), a cost this model does not count.
 
+Selective checkpoints (issue 31): a segment with a ``policy`` (one block long) is the block
+checkpointed with ``torch.utils.checkpoint``'s ``context_fn`` =
+``create_selective_checkpoint_contexts(policy)``: the outputs of the ops the policy saves
+(matmuls, attention) are kept, the rest recomputed. The engine measures such a block alone,
+under the run's own instruments (:class:`SelectiveProfile`: what it keeps from its forward
+to its backward, its output, the saved op outputs and its RNG state included, what its
+forward holds on top, what its backward holds on top, its recomputation included, and what
+it adds to a step), and the model counts it as an un-checkpointed block with those figures
+(:meth:`BlockProfile.under`): every term of the memory model holds for it unchanged. Its
+output's bytes count as alive through its backward (``released_bytes`` 0: measured so).
+Offload (``save_on_cpu``) is not in the search: on CPU it moves nothing off the device
+(host and device memory are the same), and no GPU was at hand to measure it (issue 31).
+
 Pure Python, no torch: the engine measures, :mod:`ckptlab.planning.planner` decides.
 """
 
@@ -56,6 +69,8 @@ from dataclasses import dataclass, fields, replace
 
 __all__ = [
     "BlockProfile",
+    "SelectiveProfile",
+    "resolved",
     "Segment",
     "activation_peak",
     "backward_extra",
@@ -65,6 +80,32 @@ __all__ = [
     "pooled_forward_times",
     "sequential_segments",
 ]
+
+
+@dataclass(frozen=True)
+class SelectiveProfile:
+    """One block checkpointed alone under a selective policy, as the engine measured it
+    (:mod:`ckptlab.worker.engine.blocks.selective`).
+
+    Attributes:
+        policy: the policy's name (:class:`ckptlab.strategies.SelectivePolicy`:
+            ``save_matmuls``, ``save_matmuls_and_attention``).
+        kept_bytes: bytes alive after the checkpointed forward less before it (its input
+            excluded): its output, the outputs of the ops the policy saves, the RNG state
+            the checkpoint keeps where the meter counts it.
+        forward_bytes: the most its forward held above that end (temporaries), bytes.
+        backward_bytes: the most its backward held above what was alive when the gradient
+            of its output arrived: the recomputation of what was not saved, its
+            parameters' gradients, the gradient of its input, temporaries (bytes).
+        ms: what the block checkpointed under the policy adds to a step (forward and
+            backward through the checkpoint less the plain block's), ms.
+    """
+
+    policy: str
+    kept_bytes: int
+    forward_bytes: int
+    backward_bytes: int
+    ms: float
 
 
 @dataclass(frozen=True)
@@ -98,6 +139,9 @@ class BlockProfile:
             recomputation up to its last saved tensor under non-reentrant checkpoint's
             early stop; the whole forward under a reentrant one), ms; None (default):
             ``forward_ms``.
+        policy_profiles: the block checkpointed alone under each selective policy measured
+            (default none: the planner then offers keep and recompute only); dicts of
+            :class:`SelectiveProfile`'s fields (a run summary's record) are converted.
     """
 
     retained_bytes: int
@@ -110,6 +154,44 @@ class BlockProfile:
     released_bytes: int = 0
     recompute_bytes: int | None = None
     last_forward_ms: float | None = None
+    policy_profiles: tuple[SelectiveProfile, ...] = ()
+
+    def __post_init__(self) -> None:
+        # As the run summary records it (``plan.blocks``: a list of dicts): back to profiles.
+        if not isinstance(self.policy_profiles, tuple) or not all(
+            isinstance(s, SelectiveProfile) for s in self.policy_profiles
+        ):
+            made = tuple(s if isinstance(s, SelectiveProfile) else SelectiveProfile(**s) for s in self.policy_profiles)
+            object.__setattr__(self, "policy_profiles", made)
+
+    @property
+    def policies(self) -> tuple[str, ...]:
+        """The selective policies measured for this block, in order."""
+        return tuple(s.policy for s in self.policy_profiles)
+
+    def under(self, policy: str) -> BlockProfile:
+        """The block checkpointed alone under ``policy``, as the memory model counts it: an
+        un-checkpointed block that keeps ``kept_bytes`` (``retained_bytes``), holds
+        ``forward_bytes`` and ``backward_bytes`` on top and never releases its output
+        early; its time (``forward_ms``, ms) is what the checkpoint adds to a step.
+
+        Raises:
+            KeyError: ``policy`` was not measured for this block.
+        """
+        for s in self.policy_profiles:
+            if s.policy == policy:
+                return replace(
+                    self,
+                    retained_bytes=s.kept_bytes,
+                    forward_bytes=s.forward_bytes,
+                    backward_bytes=s.backward_bytes,
+                    released_bytes=0,
+                    recompute_bytes=None,
+                    forward_ms=s.ms,
+                    last_forward_ms=None,
+                    policy_profiles=(),
+                )
+        raise KeyError(f"selective policy {policy!r} was not measured for this block (measured: {self.policies})")
 
     @property
     def end_ms(self) -> float:
@@ -133,11 +215,43 @@ class BlockProfile:
 
 @dataclass(frozen=True)
 class Segment:
-    """Blocks ``start .. end - 1`` of the chain; ``checkpointed`` or run normally."""
+    """Blocks ``start .. end - 1`` of the chain; ``checkpointed`` or run normally.
+
+    ``policy``: None (default) recomputes a checkpointed segment whole; a selective
+    policy's name checkpoints its one block under that policy (:class:`SelectiveProfile`).
+
+    Raises:
+        ValueError: a ``policy`` on a segment that is not checkpointed or not one block long.
+    """
 
     start: int
     end: int
     checkpointed: bool
+    policy: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.policy is not None and (not self.checkpointed or self.end - self.start != 1):
+            raise ValueError(f"a selective segment is one checkpointed block: {self}")
+
+
+def resolved(blocks: Sequence[BlockProfile], segments: Sequence[Segment]) -> tuple[list[BlockProfile], list[Segment]]:
+    """``blocks`` and ``segments`` with every selective segment's block as the memory model
+    counts it (:meth:`BlockProfile.under`) and the segment as an un-checkpointed one; the
+    rest unchanged.
+
+    Raises:
+        KeyError: a segment's policy was not measured for its block.
+    """
+    if all(s.policy is None for s in segments):
+        return list(blocks), list(segments)
+    out_blocks, out_segments = list(blocks), []
+    for s in segments:
+        if s.policy is None:
+            out_segments.append(s)
+        else:
+            out_blocks[s.start] = blocks[s.start].under(s.policy)
+            out_segments.append(Segment(s.start, s.end, False))
+    return out_blocks, out_segments
 
 
 def activation_peak(
@@ -146,7 +260,9 @@ def activation_peak(
     """The plan's peak above ``F + c``: the bytes kept after forward plus ``head`` (what the
     part after the blocks holds then), or the most that one block's backward holds (see the
     module's memory model), plus ``backward`` (gradients outside the blocks) while the
-    blocks run backward."""
+    blocks run backward. A selective segment counts as its block under its policy
+    (:func:`resolved`)."""
+    blocks, segments = resolved(blocks, segments)
     n = len(blocks)
     grads_after = [0] * (n + 1)
     for i in range(n - 1, -1, -1):
@@ -184,7 +300,9 @@ def kept_after_forward(
 ) -> int:
     """The bytes the blocks keep at the end of forward under ``segments``: every
     un-checkpointed block's ``retained_bytes``, each checkpointed segment's output and
-    ``checkpoint_bytes`` (see the module's memory model)."""
+    ``checkpoint_bytes``, each selective block's ``kept_bytes`` (see the module's memory
+    model)."""
+    blocks, segments = resolved(blocks, segments)
     kept = 0
     for seg in segments:
         if seg.checkpointed:
@@ -218,9 +336,16 @@ def recompute_ms(blocks: Sequence[BlockProfile], segments: Sequence[Segment]) ->
     """The recomputation of the checkpointed segments, ms: what the plan adds to one
     micro-batch (each segment's blocks' ``forward_ms``, its last block's ``end_ms``: see the
     module's time model); a step of ``k`` micro-batches pays it ``k`` times (as
-    ``plan.predicted_overhead.recompute_ms`` counts it)."""
+    ``plan.predicted_overhead.recompute_ms`` counts it); a selective segment adds its
+    policy's ``ms``.
+
+    Raises:
+        KeyError: a segment's policy was not measured for its block.
+    """
     return sum(
-        sum(b.forward_ms for b in blocks[s.start : s.end - 1]) + blocks[s.end - 1].end_ms
+        blocks[s.start].under(s.policy).forward_ms
+        if s.policy is not None
+        else sum(b.forward_ms for b in blocks[s.start : s.end - 1]) + blocks[s.end - 1].end_ms
         for s in segments
         if s.checkpointed
     )
@@ -229,21 +354,31 @@ def recompute_ms(blocks: Sequence[BlockProfile], segments: Sequence[Segment]) ->
 def pooled_forward_times(blocks: Sequence[BlockProfile]) -> list[BlockProfile]:
     """``blocks`` with each group of identical blocks (every field but the times equal) given
     the medians of the group's ``forward_ms`` and ``last_forward_ms`` (None where a member
-    has none), ms; other blocks unchanged. Identical blocks differ in time by noise only
-    (see the module docstring)."""
-    timed = ("forward_ms", "last_forward_ms")
+    has none) and of each selective policy's ``ms``, ms; other blocks unchanged. Identical
+    blocks differ in time by noise only (see the module docstring)."""
+    timed = ("forward_ms", "last_forward_ms", "policy_profiles")
     key_fields = [f.name for f in fields(BlockProfile) if f.name not in timed]
     groups: dict[tuple, list[BlockProfile]] = {}
+
+    def key(b: BlockProfile) -> tuple:
+        measured = tuple((s.policy, s.kept_bytes, s.forward_bytes, s.backward_bytes) for s in b.policy_profiles)
+        return (*(getattr(b, k) for k in key_fields), measured)
+
     for b in blocks:
-        groups.setdefault(tuple(getattr(b, k) for k in key_fields), []).append(b)
+        groups.setdefault(key(b), []).append(b)
 
     def pooled(b: BlockProfile) -> BlockProfile:
-        group = groups[tuple(getattr(b, k) for k in key_fields)]
+        group = groups[key(b)]
         last = [g.last_forward_ms for g in group]
+        selective = tuple(
+            replace(s, ms=statistics.median(g.policy_profiles[k].ms for g in group))
+            for k, s in enumerate(b.policy_profiles)
+        )
         return replace(
             b,
             forward_ms=statistics.median(g.forward_ms for g in group),
             last_forward_ms=None if None in last else statistics.median(last),
+            policy_profiles=selective,
         )
 
     return [pooled(b) for b in blocks]

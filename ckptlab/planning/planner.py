@@ -1,7 +1,10 @@
 """The checkpointing plan for a memory budget: which blocks of a chain to recompute.
 
 Given each block's profile (bytes it keeps for backward, bytes of its input, forward time,
-all measured by the engine), :func:`plan_chain` chooses contiguous segments to checkpoint so
+all measured by the engine), :func:`plan_chain` chooses contiguous segments to checkpoint, and
+single blocks to checkpoint under a selective policy where the engine measured one
+(:class:`ckptlab.planning.chain.SelectiveProfile`: keep the matmul and attention outputs,
+recompute the rest; issue 31), so
 that the recomputation time (the forward time of the checkpointed blocks, each segment's
 last block up to where its recomputation stops: :func:`ckptlab.planning.chain.recompute_ms`)
 is minimal and the predicted peak stays under the budget. Exact dynamic programming over segment boundaries
@@ -136,8 +139,10 @@ def _solve(
 
     Dynamic program ``f(i, m)``: least recomputation for blocks ``i..n-1`` when the blocks
     before ``i`` keep ``m`` units of ``unit`` bytes (rounded up, so a found plan is
-    feasible for the exact bytes too). Transitions: block ``i`` alone un-checkpointed, or a
-    checkpointed segment ``[i, j)``; each checks its own backward peak, which depends only on
+    feasible for the exact bytes too). Transitions: block ``i`` alone un-checkpointed, block
+    ``i`` alone a selective checkpoint under each policy measured for it (counted as an
+    un-checkpointed block with its policy's figures: :meth:`ckptlab.planning.chain.BlockProfile.under`),
+    or a checkpointed segment ``[i, j)``; each checks its own backward peak, which depends only on
     ``m`` and the blocks from ``i`` on. ``O(n^2 * limit / unit)``.
     """
     n = len(blocks)
@@ -151,6 +156,8 @@ def _solve(
     for i in range(n - 1, -1, -1):
         grads_after[i] = grads_after[i + 1] + blocks[i].param_bytes
     budget_units = limit // unit
+    # each block under each of its measured policies, made once (not per state of f)
+    selective = [[(policy, b.under(policy)) for policy in b.policies] for b in blocks]
 
     def units(nbytes: int) -> int:
         return -(-nbytes // unit)
@@ -172,6 +179,13 @@ def _solve(
             rest = f(i + 1, m + kept)
             if rest is not None:
                 best = (rest[0], rest[1], (Segment(i, i + 1, False), *rest[2]))
+        for policy, q in selective[i]:  # block i a selective checkpoint: counted as run normally
+            kept = units(q.retained_bytes)
+            holds = max(units(q.forward_bytes), units(grads_after[i + 1] + q.out_bytes + q.backward_bytes + backward))
+            if m + kept + holds <= budget_units:
+                rest = f(i + 1, m + kept)
+                if rest is not None and better(q.forward_ms + rest[0], rest[1] + 1, best):
+                    best = (q.forward_ms + rest[0], rest[1] + 1, (Segment(i, i + 1, True, policy), *rest[2]))
         worst = 0  # the most a block of the segment [i, j) holds in backward, above m
         forward_worst = 0  # the most a block's forward holds above m, recomputation aside
         for j in range(i + 1, n + 1):
@@ -357,8 +371,9 @@ def _least_peak(
 
     Every term of the peak past block ``i`` is the bytes kept before ``i`` plus what blocks
     ``i..n-1`` add, so ``h(i)``, the least such addition, needs no bytes in its state:
-    ``h(n) = head``; ``h(i)`` = the least over block ``i`` run normally and every
-    checkpointed segment ``[i, j)`` of ``max(its own terms, what it keeps + h(next))``.
+    ``h(n) = head``; ``h(i)`` = the least over block ``i`` run normally, block ``i`` as a
+    selective checkpoint under each measured policy and every checkpointed segment
+    ``[i, j)`` of ``max(its own terms, what it keeps + h(next))``.
     ``O(n^2)``, no rounding: the planner refuses a budget only when this peak is above it.
     """
     n = len(blocks)
@@ -375,6 +390,14 @@ def _least_peak(
             b.retained_bytes + b.forward_bytes, b.retained_bytes + backward_extra(blocks, i, grads_after) + backward
         )
         options = [(max(own, b.retained_bytes + h), ms, calls, (Segment(i, i + 1, False), *segs))]
+        for policy in b.policies:  # a selective checkpoint of block i, counted as run normally
+            q = b.under(policy)
+            own = max(
+                q.retained_bytes + q.forward_bytes,
+                q.retained_bytes + grads_after[i + 1] + q.out_bytes + q.backward_bytes + backward,
+            )
+            seg = Segment(i, i + 1, True, policy)
+            options.append((max(own, q.retained_bytes + h), ms + q.forward_ms, calls + 1, (seg, *segs)))
         kept = 0  # retained bytes of blocks i..k-1
         # the most a block's forward, its recomputation and its backward add above the segment's input
         forward_top = backward_top = recompute_top = None

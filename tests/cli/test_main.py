@@ -183,6 +183,7 @@ def test_run_of_auto_prints_the_plans_predicted_against_its_paired_overhead(cli,
     """Issue 31 item 1: ``ckptlab run`` of strategy auto says which blocks its plan
     checkpointed and the overhead the plan predicted (with its interval) beside the one the
     run measured paired, in the same figures as the stored summary."""
+    from ckptlab.worker.cli import selective_words
     from ckptlab.worker.engine.run import run_experiment
     from tests.factories import PLANNER_MODELS, make_spec
 
@@ -199,7 +200,8 @@ def test_run_of_auto_prints_the_plans_predicted_against_its_paired_overhead(cli,
     predicted, paired = summary["plan"]["predicted_overhead"], summary["paired_overhead"]
     assert summary["plan"]["checkpointed_blocks"]
     assert (
-        f"auto plan: blocks {summary['plan']['checkpointed_blocks']} checkpointed; step-time overhead "
+        f"auto plan: blocks {summary['plan']['checkpointed_blocks']} checkpointed"
+        f"{selective_words(summary['plan'])}; step-time overhead "
         f"predicted {100 * predicted['estimate']:+.1f}% (95% CI {100 * predicted['low']:+.1f}% to "
         f"{100 * predicted['high']:+.1f}%), measured paired {paired['estimate_pct']:+.1f}% "
         f"(95% CI {paired['low_pct']:+.1f}% to {paired['high_pct']:+.1f}%)"

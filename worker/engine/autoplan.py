@@ -29,6 +29,15 @@ same model (``alternatives``), so that each compares with its own measured paire
 overhead. On fake tensors (a prediction) the forward times are the fake clock's proxy and
 no overhead is predicted.
 
+Per block the planner chooses among keep, recompute all, and (non-reentrant checkpoints,
+issue 31) recompute all but the outputs of the ops a selective policy saves
+(``save_matmuls_and_attention``, ``save_matmuls``): each block checkpointed alone under
+each policy is measured on the run's meter after the profile step and timed in the
+timing pass (:func:`ckptlab.worker.engine.blocks.apart.measured_apart`); a selective
+block runs as a one-block ``CheckpointedGroup`` with that policy's ``context_fn``
+(:attr:`BudgetPlan.ranges`). Offload (``save_on_cpu``) is not in the search, by decision:
+on CPU it moves nothing off the device, and on a GPU it was not measured.
+
 Every term of the prediction is one of these readings (:func:`_memory_model`); there is no
 margin. On CPU the prediction equals the measured peak of every plan tried on the built-in
 MLP, transformer and ResNet generator and on the Hugging Face Llama, GPT-2, ResNet, ViT and
@@ -65,13 +74,14 @@ from typing import Any
 import torch
 
 from ckptlab.analysis.explain import format_bytes
-from ckptlab.planning.front import plan_front, predicted_plans
+from ckptlab.planning.front import plan_front
 from ckptlab.planning.planner import BlockProfile, ChainPlan, NoPlanFits, Segment, plan_chain, smallest_peak_plan
 from ckptlab.spec.experiment import ExperimentSpec
 from ckptlab.strategies import BASELINE
 from ckptlab.worker.engine.block_profile import BlockRecorder, profile_record
-from ckptlab.worker.engine.block_timing import ChainTimes, time_chain
-from ckptlab.worker.engine.plan_overheads import plan_record, uniform_settings
+from ckptlab.worker.engine.block_timing import ChainTimes
+from ckptlab.worker.engine.blocks.apart import measured_apart
+from ckptlab.worker.engine.plan_overheads import alternatives, plan_record
 from ckptlab.worker.engine.training import FakeRun, autocast_for, build_checkpointed, make_optimizer
 from ckptlab.worker.errors import RunError
 from ckptlab.worker.measure.meter import Meter, optimizer_tensors, storage_bytes
@@ -121,16 +131,19 @@ class BudgetPlan:
     timing_error: str | None = None
 
     @property
-    def ranges(self) -> list[tuple[int, int]]:
-        """Half-open block ranges of the checkpointed segments (``apply_strategy``'s ``ranges``)."""
-        return [(s.start, s.end) for s in self.plan.segments if s.checkpointed]
+    def ranges(self) -> list[tuple[int, int] | tuple[int, int, str]]:
+        """Half-open block ranges of the checkpointed segments (``apply_strategy``'s
+        ``ranges``), ``(start, end, policy)`` for a selective one."""
+        return [(s.start, s.end, *([s.policy] if s.policy else [])) for s in self.plan.segments if s.checkpointed]
 
     def summary(self) -> dict[str, Any]:
         """The run summary's ``plan`` field: the plan run (``segments``,
         ``checkpointed_blocks``, ``recompute_ms``, ``predicted_overhead``), the memory
         model's terms (bytes), the timing (``timing``, or ``timing_error``), the front
         (``front``: ``budget_bytes``, ``predicted_peak_bytes``, ``predicted_overhead``
-        per point) and the ``alternatives`` (``name``, ``strategy``, ``segments`` ...)."""
+        per point) and the ``alternatives`` (the setting: ``name``, ``strategy``, ``segments``
+        (sequential's count), ``every`` ...; its plan as :func:`plan_record` gives it, the
+        segment list as ``plan_segments``)."""
         out = {
             **plan_record(self.plan, self.timing),
             "fixed_bytes": self.fixed_bytes,
@@ -138,13 +151,49 @@ class BudgetPlan:
             "optimizer_peak_bytes": self.optimizer_peak_bytes,
             "profile_ms": self.profile_ms,
             "blocks": [profile_record(b) for b in self.blocks],
+            # what the search could choose per block beside keep and recompute (none in a
+            # prediction on fake tensors, nor with use_reentrant: nothing measured them)
+            "selective_policies": sorted({p for b in self.blocks for p in b.policies}),
             "timing": self.timing.public() if self.timing is not None else None,
             "front": [{"budget_bytes": budget, **plan_record(p, self.timing)} for budget, p in self.front],
-            "alternatives": [{**setting, **plan_record(p, self.timing)} for setting, p in self.alternatives],
+            "alternatives": [_alternative(setting, plan_record(p, self.timing)) for setting, p in self.alternatives],
         }
         if self.timing_error is not None:
             out["timing_error"] = self.timing_error
         return out
+
+
+def _refusal(
+    spec: ExperimentSpec, least: ChainPlan, budget: int, fixed: int, opt_peak: int, tail_peak: int
+) -> RunError:
+    """The error for a budget no plan fits (bytes): the smallest reachable peak (``least``'s,
+    at least the optimizer step's and the tail's own peaks) and why, with what to change."""
+    smallest = max(least.predicted_peak_bytes, opt_peak, tail_peak)
+    advice = f"lower {_size_fields(spec)}, or raise the budget"
+    if opt_peak >= smallest:
+        why = f"the optimizer step alone peaks at {format_bytes(opt_peak)}"
+        advice = "checkpointing cannot help: use a smaller model, an optimizer with less state (sgd) or a larger budget"
+    elif tail_peak >= smallest:
+        why = f"the backward of the part before the blocks alone peaks at {format_bytes(tail_peak)}"
+    else:
+        ckpt, n = least.checkpointed_blocks, least.segments[-1].end
+        which = "every block" if len(ckpt) == n else f"blocks {list(ckpt)}" if ckpt else "no block"
+        if selective := {s.start: s.policy for s in least.segments if s.policy}:
+            which += f" ({', '.join(f'block {i} selective, {p}' for i, p in selective.items())})"
+        why = f"checkpointing {which} still keeps {format_bytes(smallest - fixed)} above the fixed memory"
+    budget_words, smallest_words = _apart(budget, smallest)
+    return RunError(
+        f"no plan fits a budget of {budget_words}: the smallest reachable peak is {smallest_words} ({why}; "
+        f"fixed memory {format_bytes(fixed)}): {advice}",
+        details={"budget_bytes": budget, "fixed_bytes": fixed, "smallest_reachable_peak_bytes": smallest},
+    )
+
+
+def _alternative(setting: dict[str, Any], record: dict[str, Any]) -> dict[str, Any]:
+    """An alternative's setting and its plan's record, the plan's segment list as
+    ``plan_segments`` (the setting's ``segments`` is sequential's count)."""
+    record["plan_segments"] = record.pop("segments")
+    return {**setting, **record}
 
 
 def fixed_bytes_before_running(spec: ExperimentSpec, module: torch.nn.Module) -> tuple[int, str]:
@@ -203,10 +252,9 @@ def plan_for_budget(
     # tracker counts torch.get_rng_state()'s tensors; CUDA's allocator never holds them).
     rng_bytes = torch.get_rng_state().nbytes if meter.counts_rng_states and spec.checkpoint.preserve_rng_state else 0
     profiles, model, tail_peak = _memory_model(spec, step, state, rng_bytes)
-    timing, timing_error = _timed(spec, dev, built, step.optimizer) if fake is None else (None, None)
-    if timing is not None:  # the planner's recomputation times: measured apart, not under the tracker
-        times = zip(profiles, timing.forward_ms(), timing.last_ms(), strict=True)
-        profiles = [replace(b, forward_ms=ms, last_forward_ms=last) for b, ms, last in times]
+    timing, timing_error = (None, None)
+    if fake is None:  # measured apart, not under the tracker; selective bytes under it
+        profiles, timing, timing_error = measured_apart(spec, dev, built, meter, step.optimizer, profiles)
     fixed = model["fixed_bytes"]
     opt_peak = step.optimizer_peak_bytes
     # No plan goes under the optimizer step's peak or the tail's (the stem's backward, after
@@ -224,26 +272,7 @@ def plan_for_budget(
         else:
             plan = plan_chain(profiles, budget_bytes=budget, **model)
     except NoPlanFits as exc:
-        least = smallest_peak_plan(profiles, **model)
-        smallest = max(least.predicted_peak_bytes, floor)
-        advice = f"lower {_size_fields(spec)}, or raise the budget"
-        if opt_peak >= smallest:
-            why = f"the optimizer step alone peaks at {format_bytes(opt_peak)}"
-            advice = (
-                "checkpointing cannot help: use a smaller model, an optimizer with less state (sgd) or a larger budget"
-            )
-        elif tail_peak >= smallest:
-            why = f"the backward of the part before the blocks alone peaks at {format_bytes(tail_peak)}"
-        else:
-            ckpt = least.checkpointed_blocks
-            which = "every block" if len(ckpt) == len(profiles) else f"blocks {list(ckpt)}" if ckpt else "no block"
-            why = f"checkpointing {which} still keeps {format_bytes(smallest - fixed)} above the fixed memory"
-        budget_words, smallest_words = _apart(budget, smallest)
-        raise RunError(
-            f"no plan fits a budget of {budget_words}: the smallest reachable peak is {smallest_words} ({why}; "
-            f"fixed memory {format_bytes(fixed)}): {advice}",
-            details={"budget_bytes": budget, "fixed_bytes": fixed, "smallest_reachable_peak_bytes": smallest},
-        ) from exc
+        raise _refusal(spec, smallest_peak_plan(profiles, **model), budget, fixed, opt_peak, tail_peak) from exc
     if floor > plan.predicted_peak_bytes:
         plan = ChainPlan(plan.segments, plan.checkpointed_blocks, plan.recompute_ms, floor)
     return BudgetPlan(
@@ -255,39 +284,10 @@ def plan_for_budget(
         optimizer_peak_bytes=opt_peak,
         timing=timing,
         front=plan_front(profiles, points=12 if len(profiles) <= 24 else 6, floor_bytes=floor, **model),
-        alternatives=_alternatives(spec, profiles, model, floor),
+        alternatives=alternatives(spec.checkpoint, profiles, model, floor),
         timing_error=timing_error,
         profile_ms=(time.perf_counter() - t0) * 1e3,
     )
-
-
-def _timed(
-    spec: ExperimentSpec, dev: torch.device, built: Built, optimizer: torch.optim.Optimizer
-) -> tuple[ChainTimes | None, str | None]:
-    """:func:`ckptlab.worker.engine.block_timing.time_chain` of the profiled copy, or None
-    and why when a block cannot run apart from the model's forward or the un-checkpointed
-    step does not fit (``torch.OutOfMemoryError``; the planner then keeps the profile step's
-    times).
-
-    Known limitation: on CUDA the timing's un-checkpointed steps stay in the allocator's
-    cache, so the run's reserved peak reads the un-checkpointed run's (an H200: 3,828 MiB
-    against 3,326 MiB without the timing, issue 31). Emptying the cache here brought it
-    back but put the measured allocated peak 8.5 MiB over the plan's prediction (1.5 MiB
-    without), presumably cuBLAS workspaces made again inside the run: not done."""
-    try:
-        return time_chain(spec, dev, built, optimizer), None
-    except (RuntimeError, TypeError, ValueError) as exc:
-        return None, f"{type(exc).__name__}: {exc}"
-
-
-def _alternatives(
-    spec: ExperimentSpec, profiles: list[BlockProfile], model: dict[str, int], floor: int
-) -> list[tuple[dict[str, Any], ChainPlan]]:
-    """The uniform strategies' settings as plans of the chain, predicted under the memory
-    model (peaks at least ``floor``): what ``auto``'s plan is compared with."""
-    settings = uniform_settings(len(profiles), spec.checkpoint)
-    plans = predicted_plans(profiles, {s["name"]: segs for s, segs in settings}, floor_bytes=floor, **model)
-    return [(s, plans[s["name"]]) for s, _ in settings]
 
 
 def _apart(a: int, b: int) -> tuple[str, str]:

@@ -34,6 +34,7 @@ Known limitations:
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import weakref
 from collections.abc import Callable
@@ -292,7 +293,8 @@ class BlockRecorder:
 
 
 def profile_record(b: BlockProfile) -> dict[str, Any]:
-    """One block profile as JSON (the run summary's ``block_profile`` and ``plan.blocks``)."""
+    """One block profile as JSON (the run summary's ``block_profile`` and ``plan.blocks``;
+    ``policy_profiles``: the block under each selective policy measured, bytes and ms, issue 31)."""
     return {
         "retained_bytes": b.retained_bytes,
         "input_bytes": b.input_bytes,
@@ -304,4 +306,5 @@ def profile_record(b: BlockProfile) -> dict[str, Any]:
         "released_bytes": b.released_bytes,
         "recompute_bytes": b.recompute_bytes,
         "last_forward_ms": b.last_forward_ms,
+        "policy_profiles": [dataclasses.asdict(s) for s in b.policy_profiles],
     }

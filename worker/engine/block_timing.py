@@ -61,22 +61,23 @@ Example usage::
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import statistics
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_leaves, tree_map, tree_structure
+from torch.utils._pytree import tree_leaves
 from torch.utils.checkpoint import checkpoint
 
 from ckptlab.analysis.stats import describe
 from ckptlab.planning.chain import Segment
 from ckptlab.settings import get_settings
 from ckptlab.spec.experiment import ExperimentSpec
+from ckptlab.worker.engine.blocks.inputs import Inputs, capture_inputs, group_blocks, threads
+from ckptlab.worker.engine.blocks.selective import selective_context
 from ckptlab.worker.engine.step import timed_step
 from ckptlab.worker.engine.strategies import first_tensor
 from ckptlab.worker.engine.training import autocast_for
@@ -137,6 +138,8 @@ class ChainTimes:
         threads: torch threads the rounds ran on (CPU), or None (CUDA).
         micro_batches: forwards per step (``grad_accum_steps``): a plan recomputes each.
         elapsed_ms: wall time of the whole timing, warm-up included, ms.
+        selective_ms: per selective policy timed, per block, what the block checkpointed
+            alone under it adds to a step, per round, ms (``C_policy - P``).
     """
 
     step_ms: tuple[float, ...]
@@ -147,6 +150,7 @@ class ChainTimes:
     threads: int | None = None
     micro_batches: int = 1
     elapsed_ms: float = 0.0
+    selective_ms: dict[str, tuple[tuple[float, ...], ...]] = field(default_factory=dict)
 
     @property
     def rounds(self) -> int:
@@ -169,6 +173,15 @@ class ChainTimes:
         (``BlockProfile.last_forward_ms``)."""
         return self._pooled(self.last_block_ms)
 
+    def policy_ms(self, policy: str) -> list[float]:
+        """Per block, its group's median cost checkpointed alone under ``policy``, ms
+        (:attr:`ckptlab.planning.chain.SelectiveProfile.ms`).
+
+        Raises:
+            KeyError: ``policy`` was not timed.
+        """
+        return self._pooled(self.selective_ms[policy])
+
     def _round_ms(self, samples: tuple[tuple[float, ...], ...], block: int, r: int) -> float:
         """The median of ``samples`` of ``block``'s group in round ``r``, ms."""
         group = self.groups[block]
@@ -176,12 +189,18 @@ class ChainTimes:
 
     def _recompute_ms(self, segments: Sequence[Segment], r: int | None) -> float:
         """What ``segments`` recompute per step, ms: in round ``r``, or at the medians (None)."""
-        if r is None:
-            forward, last = self.forward_ms(), self.last_ms()
-        else:
-            forward = [self._round_ms(self.block_ms, i, r) for i in range(len(self.groups))]
-            last = [self._round_ms(self.last_block_ms, i, r) for i in range(len(self.groups))]
-        per_micro = sum(sum(forward[s.start : s.end - 1]) + last[s.end - 1] for s in segments if s.checkpointed)
+
+        def at(samples: tuple[tuple[float, ...], ...]) -> list[float]:
+            n = len(self.groups)
+            return self._pooled(samples) if r is None else [self._round_ms(samples, i, r) for i in range(n)]
+
+        forward, last = at(self.block_ms), at(self.last_block_ms)
+        chosen = {p: at(self.selective_ms[p]) for p in {s.policy for s in segments if s.policy is not None}}
+        per_micro = sum(
+            chosen[s.policy][s.start] if s.policy is not None else sum(forward[s.start : s.end - 1]) + last[s.end - 1]
+            for s in segments
+            if s.checkpointed
+        )
         return self.micro_batches * per_micro
 
     def overhead(self, segments: Sequence[Segment]) -> Overhead:
@@ -192,6 +211,7 @@ class ChainTimes:
 
         Raises:
             IndexError: a segment outside the chain.
+            KeyError: a selective segment's policy was not timed.
         """
         if not any(s.checkpointed for s in segments):
             return Overhead(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, self.rounds, self.clock)
@@ -211,8 +231,9 @@ class ChainTimes:
 
     def public(self) -> dict[str, Any]:
         """The run summary's ``plan.timing``: rounds, clock, threads, the step's median and
-        quartiles and each block's (forward, and ``last``: as a segment's last block), ms,
-        each block's group, and the time the timing took."""
+        quartiles and each block's (forward, ``last``: as a segment's last block, and
+        ``selective_ms``: under each selective policy timed), ms, each block's group, and the
+        time the timing took."""
 
         def quartiles(samples: Sequence[float]) -> dict[str, float] | None:
             s = describe(samples)
@@ -225,8 +246,17 @@ class ChainTimes:
             "micro_batches": self.micro_batches,
             "step_ms": quartiles(self.step_ms),
             "blocks": [
-                {"group": g, "forward_ms": quartiles(f), "last_ms": quartiles(last)}
-                for g, f, last in zip(self.groups, self.block_ms, self.last_block_ms, strict=True)
+                {
+                    "group": g,
+                    "forward_ms": quartiles(f),
+                    "last_ms": quartiles(last),
+                    **(
+                        {"selective_ms": {p: quartiles(ms[i]) for p, ms in self.selective_ms.items()}}
+                        if self.selective_ms
+                        else {}
+                    ),
+                }
+                for i, (g, f, last) in enumerate(zip(self.groups, self.block_ms, self.last_block_ms, strict=True))
             ],
             "elapsed_ms": self.elapsed_ms,
         }
@@ -250,81 +280,39 @@ class _Stepper:
     params: list[torch.nn.Parameter] = field(default_factory=list)
 
 
-def _detached(value: Any) -> Any:
-    """A tensor as a checkpoint keeps it (detached, same ``requires_grad``); else as is."""
-    if isinstance(value, torch.Tensor):
-        return value.detach().requires_grad_(value.requires_grad)
-    return value
-
-
-def _signature(block: torch.nn.Module, args: tuple, kwargs: dict) -> tuple:
-    """What makes two blocks the same computation: module type, parameter shapes and dtypes,
-    and the structure, shapes and dtypes of the inputs."""
-    params = tuple((tuple(p.shape), p.dtype) for p in block.parameters())
-    leaves = tuple(
-        (tuple(t.shape), t.dtype, t.requires_grad) if isinstance(t, torch.Tensor) else type(t).__name__
-        for t in tree_leaves((args, kwargs))
-    )
-    return type(block).__qualname__, params, repr(tree_structure((args, kwargs))), leaves
-
-
-@contextlib.contextmanager
-def _threads(n: int) -> Iterator[int | None]:
-    """``n`` torch threads inside (0: as they are); yields the count."""
-    before = torch.get_num_threads()
-    if n:
-        torch.set_num_threads(n)
-    try:
-        yield torch.get_num_threads()
-    finally:
-        torch.set_num_threads(before)
-
-
 class _Rounds:
     """The timing's steps: capture the blocks' inputs, then time steps and block forwards."""
 
     def __init__(self, stepper: _Stepper):
         self.stepper, self.cuda = stepper, stepper.dev.type == "cuda"
         self.blocks = list(stepper.built.blocks)
-        self.inputs: list[tuple[tuple, dict] | None] = [None] * len(self.blocks)
+        self.inputs: list[Inputs] = []
 
     def capture(self) -> None:
         """One step with a pre-hook on every block keeping its inputs (the warm-up step)."""
-
-        def keep(i: int):
-            def hook(module, args, kwargs):
-                self.inputs[i] = (tree_map(_detached, args), tree_map(_detached, kwargs))
-
-            return hook
-
-        hooks = [b.register_forward_pre_hook(keep(i), with_kwargs=True) for i, b in enumerate(self.blocks)]
-        try:
-            timed_step(self.stepper)
-        finally:
-            for h in hooks:
-                h.remove()
-        missing = [i for i, x in enumerate(self.inputs) if x is None]
-        if missing:
-            raise ValueError(f"blocks {missing} did not run in the model's forward: the blocks must form a chain")
+        self.inputs = capture_inputs(self.blocks, lambda: timed_step(self.stepper))
 
     def step_ms(self) -> float:
         """One un-checkpointed training step, ms (CPU time on CPU, wall time on CUDA)."""
         record = timed_step(self.stepper)
         return record["step_ms"] if self.cuda else record["extra"]["cpu_ms"]
 
-    def block_ms(self, i: int, plain_first: bool = True) -> tuple[float, float]:
-        """What block ``i`` adds to a step when checkpointed, ms: ``(inside, last)``, as a
-        block inside a segment and as a segment's last block (see :meth:`_checkpointed`)."""
+    def block_ms(
+        self, i: int, plain_first: bool = True, policies: Sequence[str] = ()
+    ) -> tuple[float, float, list[float]]:
+        """What block ``i`` adds to a step when checkpointed, ms: ``(inside, last, selective)``,
+        as a block inside a segment, as a segment's last block (see :meth:`_checkpointed`)
+        and alone under each of ``policies`` (a selective checkpoint, less the plain run)."""
         if plain_first:
             plain = self._plain(i)
-            total, forward, recompute = self._checkpointed(i)
-        else:
-            total, forward, recompute = self._checkpointed(i)
+        (total, forward, recompute), *chosen = [self._checkpointed(i, p) for p in (None, *policies)]
+        if not plain_first:
             plain = self._plain(i)
         extra = max(total - plain, 0.0)  # recomputation, hooks, RNG state; noise can't make it < 0
+        selective = [max(t - plain, 0.0) for t, _, _ in chosen]
         if self.stepper.spec.checkpoint.use_reentrant:  # no early stop, a forward without grad
-            return extra, extra
-        return max(forward + extra - recompute, 0.0), extra
+            return extra, extra, selective
+        return max(forward + extra - recompute, 0.0), extra, selective
 
     def _run(self, i: int, fn: Callable[..., Any]) -> float:
         """``fn(*inputs)`` of block ``i`` under grad and the run's autocast, then a backward
@@ -349,9 +337,10 @@ class _Rounds:
         """Block ``i`` forward and backward as the un-checkpointed step runs it, ms."""
         return self._run(i, self.blocks[i])
 
-    def _checkpointed(self, i: int) -> tuple[float, float, float]:
+    def _checkpointed(self, i: int, policy: str | None = None) -> tuple[float, float, float]:
         """Block ``i`` forward and backward through ``torch.utils.checkpoint.checkpoint``
-        (the run's ``use_reentrant`` and ``preserve_rng_state``), ms: the total, the block's
+        (the run's ``use_reentrant`` and ``preserve_rng_state``; with ``policy``, non-reentrant
+        under that selective policy's ``context_fn``), ms: the total, the block's
         forward and its recomputation during backward, timed inside (a non-reentrant
         checkpoint's recomputation stops after the last tensor the block saves: the
         exception that stops it passes through the timer)."""
@@ -366,7 +355,9 @@ class _Rounds:
                 runs.append(self._since(start))
 
         def checkpointed(*a: Any, **kw: Any) -> Any:
-            return checkpoint(timed, *a, use_reentrant=ck.use_reentrant, preserve_rng_state=ck.preserve_rng_state, **kw)
+            extra = {"context_fn": selective_context(policy)} if policy is not None else {}
+            reentrant, rng = ck.use_reentrant and policy is None, ck.preserve_rng_state
+            return checkpoint(timed, *a, use_reentrant=reentrant, preserve_rng_state=rng, **extra, **kw)
 
         total = self._run(i, checkpointed)  # ends synchronized: the CUDA events can be read
         return total, runs[0](), runs[-1]()
@@ -401,11 +392,14 @@ def time_chain(
     *,
     rounds: int = TIMING_ROUNDS,
     max_s: float = MAX_TIMING_S,
+    policies: Sequence[str] = (),
 ) -> ChainTimes:
     """Time ``built`` (an un-checkpointed model, trained by ``optimizer``) and its blocks
     (see the module docstring): one warm-up round, then ``rounds`` rounds, fewer when
     :data:`MIN_ROUNDS` have run and ``max_s`` seconds have passed. The model trains on
-    (its weights change); the global RNG state is restored afterwards.
+    (its weights change); the global RNG state is restored afterwards. ``policies``: the
+    selective policies to time every block under too (:attr:`ChainTimes.selective_ms`; a
+    round then costs one more block forward and backward per policy).
 
     Raises:
         ValueError: a block did not run in the model's forward.
@@ -419,32 +413,36 @@ def time_chain(
     stepper.params = list(built.module.parameters())
     run = _Rounds(stepper)
     steps: list[float] = []
-    threads = 0 if cuda else get_settings().timing_cpu_threads
-    with torch.random.fork_rng(devices=[dev] if cuda else [], device_type=dev.type), _threads(threads) as used:
+    n_threads = 0 if cuda else get_settings().timing_cpu_threads
+    with torch.random.fork_rng(devices=[dev] if cuda else [], device_type=dev.type), threads(n_threads) as used:
         run.capture()
-        signatures: dict[tuple, int] = {}
-        groups = tuple(signatures.setdefault(_signature(b, *run.inputs[i]), i) for i, b in enumerate(run.blocks))
-        samples: list[tuple[list[float], list[float]]] = [([], []) for _ in groups]
+        groups = group_blocks(run.blocks, run.inputs)
+        rows: list[list[tuple[float, ...]]] = [[] for _ in groups]  # per block, per round
         for i in range(len(run.blocks)):  # the warm-up: every block once
-            run.block_ms(i)
+            run.block_ms(i, policies=policies)
         for r in range(rounds):
             if r >= MIN_ROUNDS and time.perf_counter() - t0 > max_s:
                 break
             if r % 2:
                 steps.append(run.step_ms())
             for i in range(len(groups)):  # every block (a group pools its members' samples)
-                forward, last = run.block_ms(i, plain_first=bool(r % 2))
-                samples[i][0].append(forward)
-                samples[i][1].append(last)
+                forward, last, selective = run.block_ms(i, plain_first=bool(r % 2), policies=policies)
+                rows[i].append((forward, last, *selective))
             if not r % 2:
                 steps.append(run.step_ms())
     return ChainTimes(
         step_ms=tuple(steps),
-        block_ms=tuple(tuple(forward) for forward, _ in samples),
-        last_block_ms=tuple(tuple(last) for _, last in samples),
+        block_ms=_column(rows, 0),
+        last_block_ms=_column(rows, 1),
         groups=groups,
         clock=WALL_CLOCK if cuda else CPU_CLOCK,
         threads=None if cuda else used,
         micro_batches=spec.grad_accum_steps,
         elapsed_ms=(time.perf_counter() - t0) * 1e3,
+        selective_ms={p: _column(rows, 2 + k) for k, p in enumerate(policies)},
     )
+
+
+def _column(rows: list[list[tuple[float, ...]]], k: int) -> tuple[tuple[float, ...], ...]:
+    """Per block, item ``k`` of each round's times, ms."""
+    return tuple(tuple(times[k] for times in per_block) for per_block in rows)

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -227,6 +227,9 @@ class CheckpointedGroup(_Group):
         self.context_fn = context_fn
         self.on_recompute = on_recompute
         self.in_forward = False
+        #: The selective policy ``context_fn`` applies
+        #: (:class:`ckptlab.spec.experiment.SelectivePolicy`), or None; set by :func:`apply_strategy`.
+        self.policy: str | None = None
         #: Set by the gradient check: the first forward's outputs (kept), compared with what
         #: the recomputation produces (``recompute_max_abs_diff``: the largest difference,
         #: ``recompute_rel_diff``: it over the largest absolute first output).
@@ -348,18 +351,21 @@ def apply_strategy(
     *,
     device: torch.device,
     on_recompute: RecomputeHook | None = None,
-    ranges: list[tuple[int, int]] | None = None,
+    ranges: Sequence[tuple[int, int] | tuple[int, int, str]] | None = None,
 ) -> int:
     """Regroup ``blocks`` in place for ``ck.strategy``; returns the number of wrapped groups.
 
     The groups and how each is wrapped come from the strategy table
     (:mod:`ckptlab.strategies`: ``groups`` and ``mechanism``). Parameters keep their
     identity (the optimizer may be built before or after). ``ranges``: the groups of a
-    planned strategy (``auto``: :mod:`ckptlab.worker.engine.autoplan`), in place of the table's.
+    planned strategy (``auto``: :mod:`ckptlab.worker.engine.autoplan`), in place of the table's;
+    a range ``(start, end, policy)`` is checkpointed under that selective policy
+    (``context_fn``, non-reentrant), whatever the strategy.
 
     Raises:
         ValueError: an unknown strategy, or one that needs ``use_reentrant=False`` with
-            ``use_reentrant=True`` (PyTorch requires it for ``context_fn``).
+            ``use_reentrant=True`` (PyTorch requires it for ``context_fn``), or a range with a
+            policy under ``use_reentrant=True`` or an unknown policy.
     """
     strategy = get_strategy(ck.strategy)
     if strategy.needs_non_reentrant and ck.use_reentrant:
@@ -373,10 +379,20 @@ def apply_strategy(
         if strategy.planned:
             raise ValueError(f"strategy {ck.strategy!r} is planned at run time: pass its ranges")
         ranges = strategy.groups(len(blocks), ck) if strategy.mechanism != Mechanism.KEEP else []
-    for start, end in ranges:
+    for start, end, *policy in ranges:
         members = [blocks[i] for i in range(start, end)]
-        if strategy.mechanism == Mechanism.SAVE_ON_CPU:
-            wrapped: nn.Module = OffloadedGroup(members, pin_memory=device.type == "cuda")
+        if policy:
+            if ck.use_reentrant:
+                raise ValueError(f"a selective range {(start, end, *policy)} needs use_reentrant=False")
+            wrapped: nn.Module = CheckpointedGroup(
+                members,
+                use_reentrant=False,
+                preserve_rng_state=ck.preserve_rng_state,
+                context_fn=functools.partial(create_selective_checkpoint_contexts, selective_policy(policy[0])),
+                on_recompute=on_recompute,
+            )
+        elif strategy.mechanism == Mechanism.SAVE_ON_CPU:
+            wrapped = OffloadedGroup(members, pin_memory=device.type == "cuda")
         elif strategy.mechanism == Mechanism.COMPILE:
             wrapped = CompiledGroup(members, activation_memory_budget=ck.activation_memory_budget)
         else:
@@ -388,6 +404,8 @@ def apply_strategy(
                 on_recompute=on_recompute,
             )
         wrapped.blocks_range = (start, end)  # type: ignore[assignment]
+        if isinstance(wrapped, CheckpointedGroup):  # the selective policy it runs under, if any
+            wrapped.policy = policy[0] if policy else ck.policy if context_fn is not None else None
         blocks[start] = wrapped
         for i in range(start + 1, end):
             blocks[i] = GroupedAway(wrapped, members[i - start], last=i == end - 1)

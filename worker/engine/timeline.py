@@ -47,7 +47,7 @@ from ckptlab.domain import MemoryCategory, Unattributed
 from ckptlab.prediction.targets import CUDA_BLOCK_BYTES
 from ckptlab.settings import get_settings
 from ckptlab.spec.experiment import ExperimentSpec
-from ckptlab.strategies import Mechanism, Strategy
+from ckptlab.strategies import Strategy
 from ckptlab.worker.engine.strategies import CheckpointedGroup, OffloadedGroup, policy_saved_ops
 from ckptlab.worker.measure.memory import UNTRACKED_KEY, LiveTensorTracker
 from ckptlab.worker.measure.meter import Meter, optimizer_tensors
@@ -140,8 +140,8 @@ class TimelineKeeper:
         self.run = run
         names, regions, self.region_names = module_names(run.built.module)
         roots = {m: i for m, i in regions.items() if isinstance(m, CheckpointedGroup)}  # each recomputing group
-        ck = run.spec.checkpoint
-        policy = policy_saved_ops(ck.policy) if run.strategy.mechanism == Mechanism.CHECKPOINT_WITH_POLICY else ()
+        # each region's selective policy: the strategy's, or (auto) the one its plan chose
+        policies = {i: policy_saved_ops(m.policy) for m, i in roots.items() if m.policy is not None}
         #: id of each parameter and buffer -> (it, the name of the module owning it)
         self.owner: dict[int, tuple[torch.Tensor, str]] = {}
         for module, fqn in names.items():  # (the module's own dicts: its generators cost more)
@@ -159,7 +159,7 @@ class TimelineKeeper:
             names,
             regions,
             region_roots=roots,
-            policy_ops=policy,
+            policy_ops=policies,
             param_names=dict(self.owner.values()),
             reentrant=run.spec.checkpoint.use_reentrant,
         )

@@ -33,7 +33,7 @@ class RecordedStep:
     at its free, or now: retags happen as the engine learns what a tensor is, within its
     step)."""
 
-    def __init__(self, recorder: Any, policy_ops: frozenset[str]):
+    def __init__(self, recorder: Any, policy_ops: dict[int, frozenset[str]]):
         r = recorder
         self.blocks = r._blocks
         self.renamed, self.events, self.saved = r._renamed, r._events, r._saved
@@ -124,7 +124,11 @@ class RecordedStep:
             if r not in figures or self.outputs.get(block) == r:
                 continue
             key = (
-                "rng_state_bytes" if op == "torch.get_rng_state" else "policy_bytes" if op in self.policy_ops else None
+                "rng_state_bytes"
+                if op == "torch.get_rng_state"
+                else "policy_bytes"
+                if op in self.policy_ops.get(r, ())
+                else None
             )
             if key is None:
                 excess[r].append((int(sizes[block]), mod, op))

@@ -94,8 +94,8 @@ class TimelineRecorder:
             checkpointed group); modules not in it run in none.
         region_roots: the module that is each region (a checkpointed group) -> its index:
             the first tensor of its output is the region's output (what it passes on).
-        policy_ops: names of the ops whose outputs a region's selective policy saves
-            (``aten.mm.default``); empty without a policy.
+        policy_ops: per region (its index), the names of the ops whose outputs its
+            selective policy saves (``aten.mm.default``); a region without one is not in it.
         param_names: parameter -> the name of the module owning it: a gradient that
             autograd's ``AccumulateGrad`` node makes for it is named after that module.
         reentrant: the checkpoints are reentrant (``use_reentrant=True``): their recomputed
@@ -112,7 +112,7 @@ class TimelineRecorder:
         regions: Mapping[nn.Module, int] | None = None,
         *,
         region_roots: Mapping[nn.Module, int] | None = None,
-        policy_ops: Iterable[str] = (),
+        policy_ops: Mapping[int, Iterable[str]] | None = None,
         param_names: Mapping[torch.Tensor, str] | None = None,
         reentrant: bool = False,
     ):
@@ -120,7 +120,10 @@ class TimelineRecorder:
         self.param_names, self.reentrant = dict(param_names or {}), reentrant
         #: id of each parameter -> (it, its module's name): a tensor's hash is a Python call
         self._param_by_id = {id(t): (t, name) for t, name in self.param_names.items()}
-        self.region_roots, self.policy_ops = dict(region_roots or {}), frozenset(policy_ops)
+        self.region_roots, self.policy_ops = (
+            dict(region_roots or {}),
+            {r: frozenset(ops) for r, ops in (policy_ops or {}).items()},
+        )
         #: module -> (its name, its region): what the module hooks push
         self._owner_of = {m: (name, self.regions.get(m, -1)) for m, name in self.names.items()}
         self.op: Any = None

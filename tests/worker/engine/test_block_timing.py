@@ -122,7 +122,8 @@ def test_auto_states_its_predicted_overhead_front_and_alternatives_as_the_plan_p
     assert per_block["strategy"] == "per_block" and per_block["every"] == 1
     assert per_block["predicted_overhead"]["estimate"] >= o["estimate"]
     assert per_block["checkpointed_blocks"] == list(range(n))
-    assert names["sequential (2)"]["segments"] == [[0, n // 2, True], [n // 2, n, False]]
+    assert names["sequential (2)"]["segments"] == 2  # the setting's own field, as set
+    assert names["sequential (2)"]["plan_segments"] == [[0, n // 2, True], [n // 2, n, False]]
 
 
 def test_the_uniform_settings_come_from_the_strategy_table():

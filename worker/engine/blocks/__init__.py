@@ -1,0 +1,3 @@
+"""Per-block measurements beside the profile step and the timing pass: the blocks' inputs
+as a checkpoint keeps them, which blocks are the same computation, and what a block
+checkpointed under a selective policy keeps and holds (issue 31)."""
