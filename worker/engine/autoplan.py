@@ -62,6 +62,10 @@ Known limitations:
       profile sees them as the run will, but cuBLAS workspaces created after the profile
       step are not in the calibration. The margin-free prediction has been checked on
       CPU only.
+    - Under ``amp`` (autocast), a checkpointed block's parameter casts stay in autocast's
+      cast cache until the forward ends; the model does not count them: on the built-in
+      transformer with bf16, 1,152 B per checkpointed block (its four biases' bf16 copies)
+      above the prediction (found in review, 2026-11-26; fp32 plans are exact).
 """
 
 from __future__ import annotations
