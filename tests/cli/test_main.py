@@ -206,3 +206,11 @@ def test_run_of_auto_prints_the_plans_predicted_against_its_paired_overhead(cli,
         f"{100 * predicted['high']:+.1f}%), measured paired {paired['estimate_pct']:+.1f}% "
         f"(95% CI {paired['low_pct']:+.1f}% to {paired['high_pct']:+.1f}%)"
     ) in words, words
+
+
+def test_selective_words_name_each_selective_block_in_block_order():
+    from ckptlab.worker.cli import selective_words
+
+    plan = {"selective_blocks": {"10": "save_matmuls", "2": "save_matmuls_and_attention"}}
+    assert selective_words(plan) == " (selective: block 2 save_matmuls_and_attention, block 10 save_matmuls)"
+    assert selective_words({"selective_blocks": {}}) == selective_words({}) == ""

@@ -80,7 +80,8 @@ def test_auto_offers_selective_blocks_and_keeps_its_budget_where_they_are_the_al
     assert s["gradients_match"] is True
     chosen = s["plan"]
     same_run = {a["name"]: a for a in chosen["alternatives"]}[alt["name"]]
-    assert chosen["recompute_ms"] <= same_run["recompute_ms"] + 1e-6 or same_run["predicted_peak_bytes"] > budget
+    assert same_run["predicted_peak_bytes"] <= budget  # bytes are the same in every profile
+    assert chosen["recompute_ms"] <= same_run["recompute_ms"] + 1e-6
 
 
 def test_a_selective_range_is_a_checkpointed_group_under_its_policy():
