@@ -77,9 +77,8 @@ from ckptlab.planning.chain import Segment
 from ckptlab.settings import get_settings
 from ckptlab.spec.experiment import ExperimentSpec
 from ckptlab.worker.engine.blocks.inputs import Inputs, capture_inputs, group_blocks, threads
-from ckptlab.worker.engine.blocks.selective import selective_context
 from ckptlab.worker.engine.step import timed_step
-from ckptlab.worker.engine.strategies import first_tensor
+from ckptlab.worker.engine.strategies import first_tensor, selective_context
 from ckptlab.worker.engine.training import autocast_for
 from ckptlab.worker.models.base import Built
 

@@ -110,6 +110,27 @@ def selective_policy(name: str) -> Callable:
     return policy
 
 
+def selective_context(policy: str, saved: set[str] | None = None) -> Callable[[], Any]:
+    """``checkpoint``'s ``context_fn`` for the selective policy ``policy``
+    (:func:`selective_policy`); ``saved``, when given,
+    collects the names of the ops whose outputs the forward saved.
+
+    Raises:
+        ValueError: unknown policy.
+    """
+    decide = selective_policy(policy)
+    if saved is None:
+        return functools.partial(create_selective_checkpoint_contexts, decide)
+
+    def noting(ctx, op, *args, **kwargs):
+        decision = decide(ctx, op, *args, **kwargs)
+        if decision == CheckpointPolicy.MUST_SAVE and not ctx.is_recompute:
+            saved.add(str(op))
+        return decision
+
+    return functools.partial(create_selective_checkpoint_contexts, noting)
+
+
 def first_tensor(output: Any) -> Any:
     """The hidden states in a block's output: the output itself, or its first item when the
     block returns a tuple (older Hugging Face layers return ``(hidden_states, ...)``)."""
@@ -370,11 +391,7 @@ def apply_strategy(
     strategy = get_strategy(ck.strategy)
     if strategy.needs_non_reentrant and ck.use_reentrant:
         raise ValueError(f"strategy {ck.strategy!r} needs use_reentrant=False")
-    context_fn = (
-        functools.partial(create_selective_checkpoint_contexts, selective_policy(ck.policy))
-        if strategy.mechanism == Mechanism.CHECKPOINT_WITH_POLICY
-        else None
-    )
+    context_fn = selective_context(ck.policy) if strategy.mechanism == Mechanism.CHECKPOINT_WITH_POLICY else None
     if ranges is None:
         if strategy.planned:
             raise ValueError(f"strategy {ck.strategy!r} is planned at run time: pass its ranges")
@@ -388,7 +405,7 @@ def apply_strategy(
                 members,
                 use_reentrant=False,
                 preserve_rng_state=ck.preserve_rng_state,
-                context_fn=functools.partial(create_selective_checkpoint_contexts, selective_policy(policy[0])),
+                context_fn=selective_context(policy[0]),
                 on_recompute=on_recompute,
             )
         elif strategy.mechanism == Mechanism.SAVE_ON_CPU:

@@ -32,25 +32,24 @@ Example usage::
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 from torch.utils._pytree import tree_leaves
-from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+from torch.utils.checkpoint import checkpoint
 
 from ckptlab.planning.chain import BlockProfile, SelectiveProfile
 from ckptlab.spec.experiment import ExperimentSpec
 from ckptlab.strategies import SelectivePolicy
 from ckptlab.worker.engine.blocks.inputs import Inputs, capture_inputs, group_blocks
-from ckptlab.worker.engine.strategies import first_tensor, selective_policy
+from ckptlab.worker.engine.strategies import first_tensor, selective_context
 from ckptlab.worker.engine.training import autocast_for
 from ckptlab.worker.measure.meter import Meter
 from ckptlab.worker.models.base import Built
 
-__all__ = ["SELECTIVE_POLICIES", "SelectiveBytes", "selective_context", "measure_selective", "with_selective"]
+__all__ = ["SELECTIVE_POLICIES", "SelectiveBytes", "measure_selective", "with_selective"]
 
 #: The policies ``auto`` chooses among per block, the one that saves most first.
 SELECTIVE_POLICIES = (SelectivePolicy.SAVE_MATMULS_AND_ATTENTION.value, SelectivePolicy.SAVE_MATMULS.value)
@@ -65,27 +64,6 @@ class SelectiveBytes:
     kept_bytes: int
     forward_bytes: int
     backward_bytes: int
-
-
-def selective_context(policy: str, saved: set[str] | None = None) -> Callable[[], Any]:
-    """``checkpoint``'s ``context_fn`` for the selective policy ``policy``
-    (:func:`ckptlab.worker.engine.strategies.selective_policy`); ``saved``, when given,
-    collects the names of the ops whose outputs the forward saved.
-
-    Raises:
-        ValueError: unknown policy.
-    """
-    decide = selective_policy(policy)
-    if saved is None:
-        return functools.partial(create_selective_checkpoint_contexts, decide)
-
-    def noting(ctx, op, *args, **kwargs):
-        decision = decide(ctx, op, *args, **kwargs)
-        if decision == CheckpointPolicy.MUST_SAVE and not ctx.is_recompute:
-            saved.add(str(op))
-        return decision
-
-    return functools.partial(create_selective_checkpoint_contexts, noting)
 
 
 def measure_selective(
@@ -107,9 +85,10 @@ def measure_selective(
     try:
         return _measure(spec, dev, built, meter, policies)
     except (RuntimeError, TypeError, ValueError):
+        return None
+    finally:
         for p in built.module.parameters():
             p.grad = None
-        return None
 
 
 def with_selective(
@@ -162,8 +141,6 @@ def _measure(
                 if g not in found:
                     found[g] = _block(spec, blocks[i], inputs[i], meter, autocast, policies)
                 out.append(found[g])
-    for p in built.module.parameters():
-        p.grad = None
     return out
 
 
