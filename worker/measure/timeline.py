@@ -312,9 +312,6 @@ class TimelineRecorder:
             entry = self.tracker._live.get(t.untyped_storage()._cdata)
             if entry is not None and entry[1].block >= 0:
                 self._saved.setdefault(entry[1].block, self._stack[-1][1] if self._stack else -1)
-        if type(t) is torch.Tensor or type(t) is nn.Parameter:  # an alias makes no storage: no mode need see it
-            with torch._C._DisableTorchDispatch():
-                return t.detach()
         return t.detach()
 
     def _region_output(self, region: int, output: Any) -> None:
