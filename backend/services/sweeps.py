@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import func, select
@@ -32,6 +33,7 @@ from ckptlab.summary import HostLoad
 __all__ = [
     "Progress",
     "sweep_progress",
+    "loaded_sweep_progress",
     "list_sweeps",
     "ROW_METRICS",
     "SweepRow",
@@ -92,18 +94,38 @@ def sweep_progress(session: Session, *, sweep_ids: Sequence[int]) -> dict[int, P
         ).all()
         for sid, status, n in rows:
             counts[sid][status] = counts[sid].get(status, 0) + n
-    done = {sid: sum(n for s, n in c.items() if s in FINISHED_STATUSES) for sid, c in counts.items()}
-    unfinished = [sid for sid, c in counts.items() if done[sid] < sum(c.values())]
-    started = first_started(session, unfinished)
+    started = first_started(session, [sid for sid, c in counts.items() if not _all_finished(c)])
     now = now_of(session) if started else None
-    progress = {}
-    for sid, c in counts.items():
-        total = sum(c.values())
-        eta = SweepEta(None, 0.0 if done[sid] >= total else None)
-        if sid in started:
-            eta = sweep_eta(total=total, finished=done[sid], elapsed_s=(now - started[sid]).total_seconds())
-        progress[sid] = Progress(total=total, finished=done[sid], counts=c, elapsed_s=eta.elapsed_s, eta_s=eta.eta_s)
-    return progress
+    return {sid: _progress(c, started.get(sid), now) for sid, c in counts.items()}
+
+
+def loaded_sweep_progress(session: Session, sweep: Sweep) -> Progress:
+    """Progress of ``sweep`` counted from its loaded ``experiments``, not read again.
+
+    What one response lists and counts must agree: a count read after the experiments were
+    loaded sees runs that finished in between (each statement reads the latest commit), which
+    a client would see counted ``succeeded`` but listed ``running`` without a summary.
+    """
+    counts: dict[str, int] = dict.fromkeys(Status, 0)
+    for exp in sweep.experiments:
+        counts[exp.status] = counts.get(exp.status, 0) + 1
+    starts = [e.started_at for e in sweep.experiments if isinstance(e.started_at, datetime)]
+    started = min(starts) if starts and not _all_finished(counts) else None
+    return _progress(counts, started, now_of(session) if started else None)
+
+
+def _all_finished(counts: Mapping[str, int]) -> bool:
+    return all(s in FINISHED_STATUSES for s, n in counts.items() if n)
+
+
+def _progress(counts: dict[str, int], started: datetime | None, now: datetime | None) -> Progress:
+    """A sweep's :class:`Progress` from its counts per status and when its first run started."""
+    total = sum(counts.values())
+    done = sum(n for s, n in counts.items() if s in FINISHED_STATUSES)
+    eta = SweepEta(None, 0.0 if done >= total else None)
+    if started is not None and now is not None:
+        eta = sweep_eta(total=total, finished=done, elapsed_s=(now - started).total_seconds())
+    return Progress(total=total, finished=done, counts=counts, elapsed_s=eta.elapsed_s, eta_s=eta.eta_s)
 
 
 def list_sweeps(session: Session, *, offset: int = 0, limit: int = 100) -> tuple[list[Sweep], int]:
