@@ -389,7 +389,13 @@ def event_stream(
                 and (known is None or s.status == Status.RUNNING or known.get(s.id) != (s.status, s.attempt))
             ]
             steps = steps_after(session, attempts=pairs, after_id=after, limit=BATCH) if include_steps else []
-            progress = sweep_progress(session, sweep_ids=[sweep_id])[sweep_id] if sweep_id is not None else None
+            # counted from the statuses sent with it: a run finishing after they were read is
+            # neither sent nor counted until the next poll
+            progress = (
+                sweep_progress(session, sweep_ids=[sweep_id], statuses={sweep_id: [s.status for s in states]})[sweep_id]
+                if sweep_id is not None
+                else None
+            )
         # Encoded here, in the polling thread, once for every stream that shares this poll.
         return _Poll(states, steps, progress, len(steps) >= BATCH, [_encode(_step_data(r)) for r in steps])
 

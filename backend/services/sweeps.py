@@ -78,22 +78,26 @@ class Progress:
         return f"about {format_duration(self.eta_s)} left"
 
 
-def sweep_progress(session: Session, *, sweep_ids: Sequence[int]) -> dict[int, Progress]:
-    """Progress of each sweep in ``sweep_ids`` (a grouped count query and, for unfinished
-    sweeps, one for when their first run started: the ETA).
+def sweep_progress(
+    session: Session, *, sweep_ids: Sequence[int], statuses: Mapping[int, Sequence[str]] | None = None
+) -> dict[int, Progress]:
+    """Progress of each sweep in ``sweep_ids``: its runs' statuses counted (a grouped query, or
+    ``statuses``: sweep id -> its runs' statuses as the caller read and sends them) and, for
+    unfinished sweeps, when their first run started (a query: the ETA).
 
     Returns:
         sweep id -> :class:`Progress` (sweeps without experiments get a zero total).
     """
     counts: dict[int, dict[str, int]] = {sid: dict.fromkeys(Status, 0) for sid in sweep_ids}
-    if sweep_ids:
+    rows: Sequence[Any] = [(sid, status, 1) for sid in sweep_ids for status in (statuses or {}).get(sid, ())]
+    if statuses is None and sweep_ids:
         rows = session.execute(
             select(Experiment.sweep_id, Experiment.status, func.count())
             .where(Experiment.sweep_id.in_(sweep_ids))
             .group_by(Experiment.sweep_id, Experiment.status)
         ).all()
-        for sid, status, n in rows:
-            counts[sid][status] = counts[sid].get(status, 0) + n
+    for sid, status, n in rows:
+        counts[sid][status] = counts[sid].get(status, 0) + n
     started = first_started(session, [sid for sid, c in counts.items() if not _all_finished(c)])
     now = now_of(session) if started else None
     return {sid: _progress(c, started.get(sid), now) for sid, c in counts.items()}
