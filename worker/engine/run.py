@@ -48,6 +48,7 @@ from ckptlab.worker.engine.gradcheck import verify_gradients
 from ckptlab.worker.engine.summarize import finite_or_none, summarize
 from ckptlab.worker.engine.training import check_supported, environment, resolve_device
 from ckptlab.worker.errors import RunError, RunOutOfMemory
+from ckptlab.worker.measure.heap import keep_freed_heap
 from ckptlab.worker.measure.hostmem import is_out_of_memory, oom_details
 from ckptlab.worker.measure.memory import SimulatedOutOfMemoryError
 from ckptlab.worker.measure.meter import Meter
@@ -105,6 +106,10 @@ def run_experiment(
             tracker (:mod:`ckptlab.worker.engine.timeline`; none on CUDA, for compiled
             runs or with ``record_timeline`` off). Default: None.
 
+    On CPU the process's heap keeps freed memory from then on
+    (:func:`ckptlab.worker.measure.heap.keep_freed_heap`: steps reuse it rather than fault
+    fresh pages in, as on a GPU's caching allocator).
+
     Returns:
         The summary, a :class:`~ckptlab.summary.RunSummary` (its ``dump()`` is what is
         stored): ``device``, ``device_name``, ``activation_bytes``,
@@ -132,6 +137,9 @@ def run_experiment(
         raise RunError(
             f"a {spec.distributed.kind} spec runs one process per rank: ckptlab.worker.distributed.run_distributed"
         )
+    # freed CPU memory reused as a caching allocator reuses it, not faulted in again each
+    # step: page faults are not checkpointing's cost (ckptlab.worker.measure.heap)
+    keep_freed_heap()
     caught: list[str] = []
     strategy = get_strategy(spec.checkpoint.strategy)  # resolved once; the run carries it
     where = {"phase": "setup", "step": 0}
