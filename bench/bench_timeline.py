@@ -298,6 +298,9 @@ def main() -> None:
     ap.add_argument("--configs", help="comma-separated names of CONFIGS (default: all)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    from ckptlab.worker.measure.heap import keep_freed_heap
+
+    keep_freed_heap()  # as run_experiment does before its passes
     names = args.configs.split(",") if args.configs else list(CONFIGS)
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="ckptlab-bench-timeline-") as tmp:

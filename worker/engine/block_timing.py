@@ -43,11 +43,11 @@ the measured paired overhead (:func:`ckptlab.analysis.stats.paired_ratio_ci`), s
 compare directly.
 
 Known limitations:
-    - What keeping fewer activations saves in the checkpointed run's forward (fresh pages
-      the allocator need not fault in: 0-8 ms of GPT-2's 75 ms forward, varying run to
-      run) is not modelled, nor is what a busy host does to the two runs' caches; the
-      measured overhead itself moves by a few points between runs of the same plan
-      (docs/benchmarks.md, "Predicted against measured overhead").
+    - What a busy host does to the two runs' caches is not modelled; the measured overhead
+      itself moves by a few points between runs of the same plan. (Fresh pages faulted in
+      each step made a lower peak look cheaper, by up to a third of DenseNet's step, until
+      runs kept freed memory: :mod:`ckptlab.worker.measure.heap`; docs/benchmarks.md,
+      "Predicted against measured overhead".)
     - Each round costs about 2.5 un-checkpointed steps (the step, and every block's forward
       and backward twice): 7 rounds with the warm-up, 2-3 s on the benchmark's models on a
       quiet host, 4-11 s of wall time beside two busy loops on 2 cores.
@@ -80,6 +80,7 @@ from ckptlab.worker.engine.blocks.inputs import Inputs, capture_inputs, group_bl
 from ckptlab.worker.engine.step import timed_step
 from ckptlab.worker.engine.strategies import first_tensor, selective_context
 from ckptlab.worker.engine.training import autocast_for
+from ckptlab.worker.measure.heap import keep_freed_heap
 from ckptlab.worker.models.base import Built
 
 __all__ = ["TIMING_ROUNDS", "Overhead", "ChainTimes", "time_chain", "CPU_CLOCK", "WALL_CLOCK"]
@@ -404,6 +405,7 @@ def time_chain(
         ValueError: a block did not run in the model's forward.
     """
     t0 = time.perf_counter()
+    keep_freed_heap()  # the heap the run is timed on (a prediction's timing runs outside one)
     cuda = dev.type == "cuda"
     scaler = torch.amp.GradScaler(dev.type) if spec.amp == "fp16" else None
     stepper = _Stepper(

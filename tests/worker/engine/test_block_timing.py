@@ -156,13 +156,12 @@ def one_thread():
 @pytest.mark.parametrize("name", sorted(ACCURACY))
 def test_the_predicted_overhead_is_close_to_the_paired_one_on_a_busy_host(name, cpu_load, one_thread):
     """Issue 31: with one spinning process per core, each plan's predicted overhead (the
-    blocks and the step timed apart, :func:`predict_overheads`) is within ±25% relative or
-    ±5 percentage points of its measured paired overhead (CPU time, the mean of 2 runs of
-    12 rounds: one run's interval does not cover the run-to-run noise). Issue 31's ±15% /
-    ±3 points is the bench's (bench_overhead_prediction.py, docs/benchmarks.md: these two
-    models 6 of 6 there); on a host busier than the spinners (another job's tests) the
-    measured overhead moved 3-5 points between runs and failed that 3 times in 4. Before,
-    the profile step's times under the tracker put the prediction 2-21x too high."""
+    blocks and the step timed apart, :func:`predict_overheads`) is within issue 31's ±15%
+    relative or ±3 percentage points of its measured paired overhead (CPU time, the median of
+    2 runs of 12 rounds: one run's interval does not cover the run-to-run noise). Until CPU
+    runs kept freed memory (:mod:`ckptlab.worker.measure.heap`) the measured overhead moved
+    3-5 points between runs on a busy host and the test allowed ±25% / ±5 points; before
+    that, the profile step's times under the tracker put the prediction 2-21x too high."""
     spec = make_spec(**ACCURACY[name], timed_steps=12, steps=2, verify_gradients=False)
     n = len(build_checkpointed(spec, torch.device("cpu")).blocks)
     plans = {"per_block": tuple(Segment(i, i + 1, True) for i in range(n)), "sequential 2": sequential_segments(n, 2)}
@@ -180,7 +179,7 @@ def test_the_predicted_overhead_is_close_to_the_paired_one_on_a_busy_host(name, 
             measured[plan].append(paired["estimate_pct"])
     for plan in plans:
         want, got = statistics.median(measured[plan]), 100 * predicted[plan].estimate
-        assert abs(got - want) <= max(0.25 * abs(want), 5.0), (plan, got, measured[plan])
+        assert abs(got - want) <= max(0.15 * abs(want), 3.0), (plan, got, measured[plan])
 
 
 @pytest.mark.gpu
