@@ -148,6 +148,9 @@ def profile(
           them); convolution backward scratch outside any tensor and the allocator's
           caching are not in them (docs/guide.md, "What CPU figures omit"). On CUDA they are
           the caching allocator's.
+        - It runs in the caller's process, whose glibc heap keeps freed memory from then on
+          (:func:`ckptlab.worker.measure.heap.keep_freed_heap`: timings without page faults
+          a GPU run does not have; the resident size stays at its high-water mark).
         - The dashboard cannot re-run it (it names the model by class, and a server never
           imports code a request names): "Run the baseline" needs a ``python`` target the
           operator allowed, or another call of this function with ``strategy="none"``.
