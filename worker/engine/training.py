@@ -17,6 +17,7 @@ import torch
 from ckptlab.spec.experiment import ExperimentSpec
 from ckptlab.worker.engine.strategies import apply_strategy
 from ckptlab.worker.errors import RunError
+from ckptlab.worker.measure.heap import keep_freed_heap
 from ckptlab.worker.measure.meter import Meter
 from ckptlab.worker.models.base import Built
 from ckptlab.worker.models.build import build_model
@@ -131,7 +132,10 @@ def check_supported(spec: ExperimentSpec, dev: torch.device) -> None:
 
 
 def environment(dev: torch.device) -> dict[str, Any]:
-    """Torch version, device name, CUDA version and capability, host and Python version."""
+    """Torch version, device name, CUDA version and capability, host and Python version,
+    torch's CPU threads and ``cpu_heap_kept``: whether this process's heap keeps freed memory
+    (:func:`ckptlab.worker.measure.heap.keep_freed_heap`: CPU step times without the page
+    faults a fresh heap takes each step)."""
     env: dict[str, Any] = {
         "torch_version": torch.__version__,
         "device": str(dev),
@@ -141,6 +145,7 @@ def environment(dev: torch.device) -> dict[str, Any]:
         "host": socket.gethostname(),
         "python": platform.python_version(),
         "cpu_threads": torch.get_num_threads(),
+        "cpu_heap_kept": keep_freed_heap(),
     }
     if dev.type == "cuda":
         env["device_name"] = torch.cuda.get_device_name(dev)

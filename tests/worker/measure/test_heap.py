@@ -44,3 +44,12 @@ def test_it_is_applied_once_per_process():
 
     first = keep_freed_heap()
     assert keep_freed_heap() is first
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+def test_a_run_says_its_heap_kept_freed_memory():
+    from ckptlab.worker.engine.run import run_experiment
+    from tests.factories import make_spec
+
+    summary = run_experiment(make_spec(steps=2, verify_gradients=False, timed_steps=2)).dump()
+    assert summary["environment"]["cpu_heap_kept"] is True
