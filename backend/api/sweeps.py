@@ -57,7 +57,8 @@ def _progress(p: sweep_reads.Progress) -> ProgressPublic:
 
 
 def _public(session: Session, sweep: Sweep) -> SweepPublic:
-    progress = sweep_reads.loaded_sweep_progress(session, sweep)  # counts what it lists
+    listed = {sweep.id: [e.status for e in sweep.experiments]}  # counted as listed, not read again
+    progress = sweep_reads.sweep_progress(session, sweep_ids=[sweep.id], statuses=listed)[sweep.id]
     by_id = {e.id: e for e in sweep.experiments}
     experiments = [
         SweepExperimentPublic(

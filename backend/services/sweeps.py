@@ -33,7 +33,6 @@ from ckptlab.summary import HostLoad
 __all__ = [
     "Progress",
     "sweep_progress",
-    "loaded_sweep_progress",
     "list_sweeps",
     "ROW_METRICS",
     "SweepRow",
@@ -82,15 +81,19 @@ def sweep_progress(
     session: Session, *, sweep_ids: Sequence[int], statuses: Mapping[int, Sequence[str]] | None = None
 ) -> dict[int, Progress]:
     """Progress of each sweep in ``sweep_ids``: its runs' statuses counted (a grouped query, or
-    ``statuses``: sweep id -> its runs' statuses as the caller read and sends them) and, for
-    unfinished sweeps, when their first run started (a query: the ETA).
+    ``statuses``: sweep id -> its runs' statuses as the caller read them, so that what it lists
+    or sends and what it counts agree: each statement reads the latest commit, and a second
+    count would see runs that finished in between) and, for unfinished sweeps, when their
+    first run started (a query: the ETA).
 
     Returns:
         sweep id -> :class:`Progress` (sweeps without experiments get a zero total).
     """
     counts: dict[int, dict[str, int]] = {sid: dict.fromkeys(Status, 0) for sid in sweep_ids}
-    rows: Sequence[Any] = [(sid, status, 1) for sid in sweep_ids for status in (statuses or {}).get(sid, ())]
-    if statuses is None and sweep_ids:
+    rows: Sequence[Any] = []
+    if statuses is not None:
+        rows = [(sid, status, 1) for sid in sweep_ids for status in statuses.get(sid, ())]
+    elif sweep_ids:
         rows = session.execute(
             select(Experiment.sweep_id, Experiment.status, func.count())
             .where(Experiment.sweep_id.in_(sweep_ids))
@@ -101,21 +104,6 @@ def sweep_progress(
     started = first_started(session, [sid for sid, c in counts.items() if not _all_finished(c)])
     now = now_of(session) if started else None
     return {sid: _progress(c, started.get(sid), now) for sid, c in counts.items()}
-
-
-def loaded_sweep_progress(session: Session, sweep: Sweep) -> Progress:
-    """Progress of ``sweep`` counted from its loaded ``experiments``, not read again.
-
-    What one response lists and counts must agree: a count read after the experiments were
-    loaded sees runs that finished in between (each statement reads the latest commit), which
-    a client would see counted ``succeeded`` but listed ``running`` without a summary.
-    """
-    counts: dict[str, int] = dict.fromkeys(Status, 0)
-    for exp in sweep.experiments:
-        counts[exp.status] = counts.get(exp.status, 0) + 1
-    starts = [e.started_at for e in sweep.experiments if isinstance(e.started_at, datetime)]
-    started = min(starts) if starts and not _all_finished(counts) else None
-    return _progress(counts, started, now_of(session) if started else None)
 
 
 def _all_finished(counts: Mapping[str, int]) -> bool:

@@ -39,13 +39,6 @@ def test_freed_activations_are_reused_not_faulted_in_again():
     assert kept < 500, (default, kept)  # reused from the heap
 
 
-def test_it_is_applied_once_per_process():
-    from ckptlab.worker.measure.heap import keep_freed_heap
-
-    first = keep_freed_heap()
-    assert keep_freed_heap() is first
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
 def test_a_run_says_its_heap_kept_freed_memory():
     from ckptlab.worker.engine.run import run_experiment
