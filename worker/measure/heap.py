@@ -6,9 +6,9 @@ defaults a block of 128 KiB or more is a fresh ``mmap`` (the threshold moves wit
 freed before, so it depends on the process's history), and the top of the heap goes back
 to the kernel when more than twice that is free: every step faults its activations' pages
 in again. Measured on the built-in DenseNet (4 layers, growth 16, 32 px, batch 16; one
-thread, 2-core VM, 2026-11-26): an un-checkpointed step took 18,400 minor page faults
-(72 MiB) and 115 ms of CPU, 79-85 ms without them; checkpointed per block it faulted 6,100
-and took 125 ms. So checkpointing looked +9% dearer where its recomputation costs +35%: a
+thread, 2-core VM, 2026-11-26, ``bench/bench_heap.py``): an un-checkpointed step took
+17,120 minor page faults (67 MiB) and 99 ms of CPU, 69 ms without them; checkpointed per
+block it faulted 7,137. So checkpointing looked +9% dearer where its recomputation costs +32%: a
 lower peak faulted fewer pages, a saving no GPU run has (CUDA's caching allocator keeps
 freed blocks) and one that moved with the heap's history (the same plan measured +2% to
 +33% in separate runs), which no prediction from the blocks' own times can follow.
