@@ -309,7 +309,7 @@ register_strategy(
         name="auto",
         summary="the least recomputation that fits a memory budget",
         label="auto ({budget_bytes})",
-        fields=("budget_bytes", *_FLAGS),
+        fields=("budget_bytes", "search_compile", *_FLAGS),
         mechanism=Mechanism.CHECKPOINT,
         groups=lambda n, ck: [],  # planned at run time (ckptlab.worker.engine.autoplan)
         rank=50,

@@ -22,6 +22,15 @@ export function setStatus(status) {
 /** "blocks 0–2, 5 checkpointed of 8" from a summary's plan (strategy auto); its time side is
  * the summary's "Step-time overhead, plan against run" row. */
 function planText(plan) {
+  const c = plan.compiled;
+  if (c && c.chosen) {
+    return `torch.compile at activation memory budget ${c.activation_memory_budget}, measured at ${fmtBytes(c.peak_bytes)} `
+      + `(${c.probes.length} budgets tried); measurably cheaper than the eager plan (${eagerPlanText(plan)})`;
+  }
+  return eagerPlanText(plan) + (c ? `; torch.compile tried (${c.probes.length} budgets), not measurably cheaper` : '');
+}
+
+function eagerPlanText(plan) {
   const n = plan.blocks.length;
   const runs = plan.segments.filter((seg) => seg[2]).map((seg) => (seg[1] - seg[0] > 1 ? `${seg[0]}–${seg[1] - 1}` : `${seg[0]}`));
   if (!runs.length) return `no block checkpointed of ${n}: nothing needed for this budget`;

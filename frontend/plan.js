@@ -148,6 +148,15 @@ function blockDiagram(plan, auto) {
   }
   const selective = Object.entries(plan.selective_blocks || {});
   const n = plan.checkpointed_blocks.length;
+  const c = plan.compiled && plan.compiled.chosen ? plan.compiled : null; // auto's compiled choice (search_compile)
+  if (c) {
+    return el('div', null,
+      el('p', { class: 'small', id: 'plan-compiled' }, `auto runs torch.compile at activation memory budget ${c.activation_memory_budget}: `
+        + `measured at ${fmtBytes(c.peak_bytes)} after ${c.probes.length} budgets tried, measurably cheaper than its eager plan below.`),
+      el('div', { class: 'block-row', id: 'plan-blocks-row', role: 'img', 'aria-label': `eager plan: ${n} of ${plan.blocks.length} blocks checkpointed` }, ...boxes),
+      el('p', { class: 'small', id: 'plan-overhead' }, `Step-time overhead over ${BASELINE}: `,
+        overheadWords(plan, auto && auto.status === STATUS.SUCCEEDED ? auto.paired_overhead : null)));
+  }
   return el('div', null,
     el('div', { class: 'block-row', id: 'plan-blocks-row', role: 'img', 'aria-label': `${n} of ${plan.blocks.length} blocks checkpointed` }, ...boxes),
     el('p', { class: 'muted small' }, n

@@ -68,7 +68,8 @@ def plan_request(
     Without a depth (``model.depth`` or an hf ``num_hidden_layers``) there is no uniform
     split to try, and only the strategies that need no segment count are compared.
     ``compile_budgets``: the ``activation_memory_budget`` values of the torch.compile
-    points (none: no such point).
+    points (none: no such point); with them the ``auto`` point searches the compiler's
+    budget too (``checkpoint.search_compile``).
     """
     compiled: dict[str, list[Any]] = (
         {"checkpoint.activation_memory_budget": list(dict.fromkeys(compile_budgets))} if compile_budgets else {}
@@ -78,7 +79,13 @@ def plan_request(
     depth = model.get("depth") if isinstance(model, Mapping) else None
     if depth is None and isinstance(model, Mapping):
         depth = model.get("num_hidden_layers")
-    spec = {**base, "checkpoint": {**(base.get("checkpoint") or {}), "strategy": PLANNED, "budget_bytes": budget_bytes}}
+    # with compiled points, auto searches the compiler's budget too (its measured choice)
+    planned = {
+        "strategy": PLANNED,
+        "budget_bytes": budget_bytes,
+        **({"search_compile": True} if compile_budgets else {}),
+    }
+    spec = {**base, "checkpoint": {**(base.get("checkpoint") or {}), **planned}}
     if isinstance(depth, int) and depth >= 1:
         axes = {"checkpoint.strategy": [PLANNED, *COMPARED, *extra], "checkpoint.segments": _segment_counts(depth)}
         return spec, {**axes, **compiled}

@@ -12,6 +12,8 @@ from ckptlab.summary import Finding, RunSummary
 
 __all__ = [
     "format_bytes",
+    "bytes_apart",
+    "size_fields",
     "oom_advice",
     "peak_sentence",
     "findings",
@@ -302,3 +304,32 @@ def _memory_growth(summary: RunSummary) -> list[Finding]:
             "backward frees what its graph saved, so live bytes stay flat, docs/guide.md)",
         )
     ]
+
+
+def bytes_apart(a: int, b: int) -> tuple[str, str]:
+    """``a`` and ``b`` (bytes) as :func:`format_bytes` writes them,
+    or both in bytes (``48,845,980 B``) where those would read the same: a refusal must not
+    say "a budget of 12.3 MiB ... the smallest reachable peak is 12.3 MiB" (issue 31)."""
+    words = format_bytes(a), format_bytes(b)
+    return (f"{a:,} B", f"{b:,} B") if words[0] == words[1] else words
+
+
+def size_fields(spec: ExperimentSpec) -> str:
+    """What of ``spec`` sizes its activations, in words naming the fields: the batch size
+    and, where the model has them, its sequence length (language models), image size (image
+    models), or width and depth (MLPs), e.g. ``"the batch size (batch_size) or the
+    sequence length (model.seq_len)"``."""
+    model = spec.model
+    names = ["the batch size (batch_size)"]
+    family = getattr(getattr(model, "arch", None), "family", None)  # a Hugging Face model's
+    if family is not None:
+        field = "seq_len" if family == "causal_lm" else "image_size"
+        words = "the sequence length" if field == "seq_len" else "the image size"
+        names.append(f"{words} (model.{field})")
+    else:
+        for field, words in (("seq_len", "the sequence length"), ("image_size", "the image size")):
+            if getattr(model, field, None) is not None:
+                names.append(f"{words} (model.{field})")
+        if getattr(model, "width", None) is not None:  # an MLP: its blocks keep batch x width each
+            names += ["the width (model.width)", "the depth (model.depth)"]
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"

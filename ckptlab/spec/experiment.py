@@ -102,6 +102,10 @@ class CheckpointSpec(_Strict):
             activation memory ``torch.compile``'s min-cut partitioner may save
             (``torch._functorch.config.activation_memory_budget``; 1.0: save what the
             default partitioner saves, 0.0: recompute everything it can). Default 0.5.
+        search_compile: for ``auto``: also consider ``torch.compile`` under its own
+            activation memory budget, each fraction tried measured in the run's process
+            (``ckptlab.worker.engine.blocks.compiled``; each costs a compile); the run then
+            compiles when that is measurably cheaper than the eager plan. Default False.
     """
 
     strategy: StrategyName = BASELINE
@@ -113,6 +117,9 @@ class CheckpointSpec(_Strict):
     budget_bytes: MemoryBytes | None = Field(None, description="memory budget (bytes) of strategy 'auto'")
     activation_memory_budget: float = Field(
         0.5, ge=0.0, le=1.0, description="fraction of activation memory torch.compile may save ('compile_budget')"
+    )
+    search_compile: StrictBool = Field(
+        False, description="strategy 'auto' also tries torch.compile's own budget, measured (each try compiles)"
     )
 
 
@@ -280,6 +287,12 @@ class ExperimentSpec(_Strict):
         if self.device == "cuda":
             raise _field_error(
                 ("device",), self.device, f"a {kind} run runs on CPU ranks (gloo) for now; use device 'cpu' or 'auto'"
+            )
+        if self.checkpoint.search_compile and strategy.planned:
+            raise _field_error(
+                ("checkpoint", "search_compile"),
+                True,
+                f"a {kind} run does not compile the model yet: search_compile false",
             )
         if strategy.compiles:
             raise _field_error(

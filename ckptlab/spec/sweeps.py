@@ -49,15 +49,7 @@ __all__ = [
 CHECKPOINT_PREFIX = "checkpoint."
 STRATEGY_PATH = "checkpoint.strategy"
 #: The checkpoint fields a strategy may read (``Strategy.fields``); the others are reset.
-CHECKPOINT_FIELDS = (
-    "segments",
-    "every",
-    "policy",
-    "budget_bytes",
-    "activation_memory_budget",
-    "use_reentrant",
-    "preserve_rng_state",
-)
+CHECKPOINT_FIELDS = tuple(name for name in CheckpointSpec.model_fields if name != "strategy")
 #: How the well-known axes read: path -> (short name in labels, one value, several values).
 #: Served by ``GET /api/meta`` (``sweep_axes``); other paths read as their last component.
 AXIS_NAMES: dict[str, tuple[str, str, str]] = {

@@ -194,12 +194,15 @@ def paired_summary(estimate: float, low: float, high: float, rounds: int = 20) -
     }
 
 
-def insert_plan(app_dir: Path, budget: int = 110 * MIB) -> tuple[int, dict[str, int]]:
+def insert_plan(
+    app_dir: Path, budget: int = 110 * MIB, compiled: dict[str, Any] | None = None
+) -> tuple[int, dict[str, int]]:
     """A finished plan for ``budget`` of an MLP of 8 blocks: the auto run (its plan:
     blocks 0-3 checkpointed, a predicted peak 3 MiB under its measured one), none,
     per_block and sequential at 2, 4 and 8 segments; some fit the budget, some not. Each
     run but none was timed paired (:data:`PLAN_OVERHEADS`); their raw step times
-    (:data:`PLAN_RAW_MS`) disagree with those, as separate runs on a busy host do."""
+    (:data:`PLAN_RAW_MS`) disagree with those, as separate runs on a busy host do.
+    ``compiled``: the plan's ``compiled`` record (``checkpoint.search_compile``), if any."""
     from ckptlab.backend.services.plans import plan_request
     from tests.factories import spec_dict
 
@@ -219,6 +222,8 @@ def insert_plan(app_dir: Path, budget: int = 110 * MIB) -> tuple[int, dict[str, 
             for budget, peak, o in PLAN_PREDICTED["front"]
         ],
     }
+    if compiled is not None:
+        plan.update(compiled=compiled, chosen="compile_budget" if compiled["chosen"] else "checkpoints")
 
     def figures(spec: Any) -> tuple[int, int, float, dict[str, Any]]:
         c = spec.checkpoint

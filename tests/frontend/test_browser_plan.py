@@ -277,6 +277,24 @@ def test_the_plan_and_its_run_show_predicted_against_paired_measured_overhead(ap
     tab.assert_no_errors()
 
 
+def test_a_plan_that_chose_torch_compile_says_so_on_both_pages(app, tab: Tab) -> None:
+    """Issue 31 Done-when #2: ``auto`` with ``search_compile`` may run the compiler's own
+    budget; the plan page and the run's page name it, with the eager plan it beat."""
+    page = tab.page
+    probes = [
+        {"activation_memory_budget": f, "peak_bytes": p * MIB, "compile_ms": 900.0} for f, p in [(1.0, 140), (0.5, 98)]
+    ]
+    compiled = {"activation_memory_budget": 0.5, "peak_bytes": 98 * MIB, "chosen": True, "probes": probes}
+    plan_id, ids = insert_plan(app.data_dir, budget=110 * MIB, compiled=compiled)
+    page.goto(f"{app.url}/#/plans/{plan_id}")
+    expect(page.locator("#plan-compiled")).to_contain_text("torch.compile at activation memory budget 0.5")
+    expect(page.locator("#plan-compiled")).to_contain_text("2 budgets tried")
+    page.goto(f"{app.url}/#/experiments/{ids['strategy=auto segments=2']}")
+    expect(page.locator("#exp-spec")).to_contain_text("torch.compile at activation memory budget 0.5, measured at 98")
+    expect(page.locator("#exp-spec")).to_contain_text("eager plan (blocks 0–3 checkpointed of 8)")
+    tab.assert_no_errors()
+
+
 def test_the_plan_form_hints_at_the_un_checkpointed_peak(app_url: str, tab: Tab) -> None:
     """Issue 32 item 7: the plan form says what the model peaks at without checkpointing (a
     prediction, on request) and where the typed budget stands against it."""

@@ -38,12 +38,12 @@ block runs as a one-block ``CheckpointedGroup`` with that policy's ``context_fn`
 (:attr:`BudgetPlan.ranges`). Offload (``save_on_cpu``) is not in the search, by decision:
 on CPU it moves nothing off the device, and on a GPU it was not measured.
 
-Every term of the prediction is one of these readings (:func:`_memory_model`); there is no
-margin. On CPU the prediction equals the measured peak of every plan tried on the built-in
-MLP, transformer and ResNet generator and on the Hugging Face Llama, GPT-2, ResNet, ViT and
-ConvNeXt examples (issue 21), or lies above it by a few percent (a DenseNet). Per_block's
-plan is predicted at per_block's measured peak on an MLP with dropout, the built-in
-transformer, GPT-2, Llama and ViT (issue 31), so that its peak is never refused as a budget.
+Every term of the prediction is one of these readings (:func:`_memory_model`), no margin:
+on CPU it equals the measured peak of every plan tried on the built-in MLP, transformer and
+ResNet generator and the Hugging Face Llama, GPT-2, ResNet, ViT and ConvNeXt (issue 21), or
+lies a few percent above (a DenseNet); per_block's plan is predicted at per_block's measured
+peak (issue 31). With ``search_compile``, torch.compile's own budget is a measured choice
+beside the plan (:mod:`ckptlab.worker.engine.blocks.compiled`, run by the engine).
 
 Before anything runs, a budget below parameters + gradients + optimizer state (computed
 from the parameters and the optimizer, no step needed) fails at once with the reason.
@@ -77,7 +77,7 @@ from typing import Any
 
 import torch
 
-from ckptlab.analysis.explain import format_bytes
+from ckptlab.analysis.explain import bytes_apart, format_bytes, size_fields
 from ckptlab.planning.front import plan_front
 from ckptlab.planning.planner import BlockProfile, ChainPlan, NoPlanFits, Segment, plan_chain, smallest_peak_plan
 from ckptlab.spec.experiment import ExperimentSpec
@@ -85,6 +85,7 @@ from ckptlab.strategies import BASELINE
 from ckptlab.worker.engine.block_profile import BlockRecorder, profile_record
 from ckptlab.worker.engine.block_timing import ChainTimes
 from ckptlab.worker.engine.blocks.apart import measured_apart
+from ckptlab.worker.engine.blocks.compiled import COMPILE, CompiledChoice
 from ckptlab.worker.engine.plan_overheads import alternatives, plan_record
 from ckptlab.worker.engine.training import FakeRun, autocast_for, build_checkpointed, make_optimizer
 from ckptlab.worker.errors import RunError
@@ -120,6 +121,9 @@ class BudgetPlan:
             the same model (:func:`ckptlab.worker.engine.plan_overheads.uniform_settings`),
             ``(setting, plan)``.
         timing_error: why the blocks were not timed apart, or None.
+        compiled: ``checkpoint.search_compile``'s compiled candidate
+            (:mod:`ckptlab.worker.engine.blocks.compiled`), or None; when ``chosen``, the
+            run compiles and the plan's predicted peak and overhead are its measured ones.
     """
 
     plan: ChainPlan
@@ -133,6 +137,13 @@ class BudgetPlan:
     front: list[tuple[int, ChainPlan]] = field(default_factory=list)
     alternatives: list[tuple[dict[str, Any], ChainPlan]] = field(default_factory=list)
     timing_error: str | None = None
+    compiled: CompiledChoice | None = None
+
+    @property
+    def predicted_peak_bytes(self) -> int:
+        """The peak the run is predicted at (bytes): the compiled choice's, or the plan's."""
+        chosen = self.compiled is not None and self.compiled.chosen and self.compiled.peak_bytes is not None
+        return self.compiled.peak_bytes if chosen else self.plan.predicted_peak_bytes  # type: ignore[union-attr,return-value]
 
     @property
     def ranges(self) -> list[tuple[int, int] | tuple[int, int, str]]:
@@ -164,6 +175,12 @@ class BudgetPlan:
         }
         if self.timing_error is not None:
             out["timing_error"] = self.timing_error
+        if self.compiled is not None:  # what ran when chosen; the eager plan's own figures kept
+            out["compiled"] = self.compiled.public()
+            out["chosen"] = COMPILE if self.compiled.chosen else "checkpoints"
+            if self.compiled.chosen:
+                out["eager_prediction"] = {k: out[k] for k in ("predicted_peak_bytes", "predicted_overhead")}
+                out.update(predicted_peak_bytes=self.compiled.peak_bytes, predicted_overhead=self.compiled.overhead)
         return out
 
 
@@ -173,7 +190,7 @@ def _refusal(
     """The error for a budget no plan fits (bytes): the smallest reachable peak (``least``'s,
     at least the optimizer step's and the tail's own peaks) and why, with what to change."""
     smallest = max(least.predicted_peak_bytes, opt_peak, tail_peak)
-    advice = f"lower {_size_fields(spec)}, or raise the budget"
+    advice = f"lower {size_fields(spec)}, or raise the budget"
     if opt_peak >= smallest:
         why = f"the optimizer step alone peaks at {format_bytes(opt_peak)}"
         advice = "checkpointing cannot help: use a smaller model, an optimizer with less state (sgd) or a larger budget"
@@ -185,7 +202,7 @@ def _refusal(
         if selective := {s.start: s.policy for s in least.segments if s.policy}:
             which += f" ({', '.join(f'block {i} selective, {p}' for i, p in selective.items())})"
         why = f"checkpointing {which} still keeps {format_bytes(smallest - fixed)} above the fixed memory"
-    budget_words, smallest_words = _apart(budget, smallest)
+    budget_words, smallest_words = bytes_apart(budget, smallest)
     return RunError(
         f"no plan fits a budget of {budget_words}: the smallest reachable peak is {smallest_words} ({why}; "
         f"fixed memory {format_bytes(fixed)}): {advice}",
@@ -239,7 +256,7 @@ def plan_for_budget(
         built = build_checkpointed(unplanned, dev, build=build, fake=fake is not None)
         fixed, words = fixed_bytes_before_running(spec, built.module)
         if fixed >= budget:
-            budget_words, fixed_words = _apart(budget, fixed)
+            budget_words, fixed_words = bytes_apart(budget, fixed)
             raise RunError(
                 f"no plan fits a budget of {budget_words}: {words} alone are {fixed_words}, "
                 "before any activation; checkpointing cannot help: use a smaller model, an optimizer with "
@@ -292,35 +309,6 @@ def plan_for_budget(
         timing_error=timing_error,
         profile_ms=(time.perf_counter() - t0) * 1e3,
     )
-
-
-def _apart(a: int, b: int) -> tuple[str, str]:
-    """``a`` and ``b`` (bytes) as :func:`ckptlab.analysis.explain.format_bytes` writes them,
-    or both in bytes (``48,845,980 B``) where those would read the same: a refusal must not
-    say "a budget of 12.3 MiB ... the smallest reachable peak is 12.3 MiB" (issue 31)."""
-    words = format_bytes(a), format_bytes(b)
-    return (f"{a:,} B", f"{b:,} B") if words[0] == words[1] else words
-
-
-def _size_fields(spec: ExperimentSpec) -> str:
-    """What of ``spec`` sizes its activations, in words naming the fields: the batch size
-    and, where the model has them, its sequence length (language models), image size (image
-    models), or width and depth (MLPs), e.g. ``"the batch size (batch_size) or the
-    sequence length (model.seq_len)"``."""
-    model = spec.model
-    names = ["the batch size (batch_size)"]
-    family = getattr(getattr(model, "arch", None), "family", None)  # a Hugging Face model's
-    if family is not None:
-        field = "seq_len" if family == "causal_lm" else "image_size"
-        words = "the sequence length" if field == "seq_len" else "the image size"
-        names.append(f"{words} (model.{field})")
-    else:
-        for field, words in (("seq_len", "the sequence length"), ("image_size", "the image size")):
-            if getattr(model, field, None) is not None:
-                names.append(f"{words} (model.{field})")
-        if getattr(model, "width", None) is not None:  # an MLP: its blocks keep batch x width each
-            names += ["the width (model.width)", "the depth (model.depth)"]
-    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
 
 
 def _memory_model(

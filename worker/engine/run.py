@@ -43,6 +43,7 @@ from ckptlab.spec.experiment import ExperimentSpec
 from ckptlab.strategies import Strategy, get_strategy
 from ckptlab.summary import RunSummary
 from ckptlab.worker.engine.autoplan import BudgetPlan, plan_for_budget
+from ckptlab.worker.engine.blocks.compiled import search_compiled
 from ckptlab.worker.engine.context import RunContext, Sharding, StepCallback
 from ckptlab.worker.engine.gradcheck import verify_gradients
 from ckptlab.worker.engine.summarize import finite_or_none, summarize
@@ -156,7 +157,11 @@ def run_experiment(
             dev = resolve_device(device or spec.device)
             check_supported(spec, dev)
             planned, check = _plan_and_check(spec, strategy, dev, build, rank)
-            ranges = planned.ranges if planned is not None else None
+            # auto's compiled choice (checkpoint.search_compile) runs as that compile_budget run
+            compiled = planned is not None and planned.compiled is not None and planned.compiled.chosen
+            run_spec = planned.compiled.run_spec(spec) if compiled else spec  # type: ignore[union-attr]
+            strategy = get_strategy(run_spec.checkpoint.strategy)
+            ranges = planned.ranges if planned is not None and not compiled else None
             if strategy.compiles:
                 # What an earlier compiled run of this process left (dynamo's caches, their
                 # buffers) is freed now, not inside this run's allocator readings: freed
@@ -164,7 +169,8 @@ def run_experiment(
                 torch._dynamo.reset()
                 gc.collect()
             meter = Meter(dev, spec.memory_limit_bytes, allocator_events=strategy.compiles and dev.type == "cpu")
-            run = RunContext(spec, strategy, dev, meter, where, on_step, rank=rank)
+            run = RunContext(run_spec, strategy, dev, meter, where, on_step, rank=rank)
+            run.pair_compiled = compiled  # against the eager step, as its eager rival was predicted
             summary = _measure(run, build, snapshot_path, ranges)
             kept = run.timelines
         except RunError as exc:
@@ -195,7 +201,7 @@ def run_experiment(
         caught = warnings_so_far()
     summary = RunSummary.model_validate({**summary.dump(), **finite_or_none(check)})
     hand_over_timelines(summary, kept, on_timeline)
-    return conclude(summary, spec, strategy, planned, caught)
+    return conclude(summary, run_spec, strategy, planned, caught)
 
 
 def hand_over_timelines(
@@ -219,13 +225,21 @@ def _plan_and_check(
     rank: Sharding | None,
 ) -> tuple[BudgetPlan | None, dict]:
     """Strategy ``auto``'s plan and the gradient check, before the measured run. A sharded
-    run plans and checks on rank 0 only and shares the plan (one plan for every rank)."""
+    run plans and checks on rank 0 only and shares the plan (one plan for every rank). With
+    ``checkpoint.search_compile``, the compiled candidate is searched once the eager plan
+    checkpoints something (:func:`ckptlab.worker.engine.blocks.compiled.search_compiled`),
+    and the check runs what the run will: the compiled model when it is chosen."""
     first = rank is None or rank.rank == 0
     planned = plan_for_budget(spec, dev, build) if strategy.planned and first else None
     if strategy.planned and rank is not None:
         planned = rank.share(planned)
-    ranges = planned.ranges if planned is not None else None
-    check = verify_gradients(spec, dev, build, ranges) if spec.verify_gradients and first else {}
+    checked, ranges = spec, planned.ranges if planned is not None else None
+    if planned is not None and spec.checkpoint.search_compile and planned.plan.checkpointed_blocks:
+        eager = planned.timing.overhead(planned.plan.segments).estimate if planned.timing is not None else None
+        planned.compiled = search_compiled(spec, dev, build, eager_overhead=eager, budget_bytes=planned.budget_bytes)
+        if planned.compiled.chosen:
+            checked, ranges = planned.compiled.run_spec(spec), None
+    check = verify_gradients(checked, dev, build, ranges) if spec.verify_gradients and first else {}
     return planned, check
 
 
@@ -239,7 +253,7 @@ def conclude(
     if planned is not None:
         summary.plan = planned.summary()
         summary.budget_bytes = planned.budget_bytes
-        summary.predicted_peak_bytes = planned.plan.predicted_peak_bytes
+        summary.predicted_peak_bytes = planned.predicted_peak_bytes
     summary.findings = findings(spec, summary, strategy)
     summary.peak_explanation = peak_sentence(summary, optimizer=spec.optimizer)
     summary.warnings = caught + [f"ckptlab: {f.message}" for f in summary.findings]

@@ -279,6 +279,10 @@ def _plan(spec: ExperimentSpec, strategy: Strategy, session: FakeSession, build:
     inner = spec.model_copy(
         update={"checkpoint": spec.checkpoint.model_copy(update={"budget_bytes": budget - workspace})}
     )
+    if spec.checkpoint.search_compile:  # compiling needs real tensors (blocks/compiled.py)
+        warnings.warn(
+            "search_compile: a prediction cannot compile on fake tensors; this is the eager plan", stacklevel=2
+        )
     try:
         planned = plan_for_budget(inner, _CPU, build, fake=session.fake_run())
     except RunError as exc:

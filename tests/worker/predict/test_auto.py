@@ -89,3 +89,14 @@ def test_a_budget_below_the_fixed_memory_fails_up_front_naming_it_per_parameter(
     params = caught.value.details["param_count"]
     assert params == 13 * (128 * 128 + 128) + (128 * 10 + 10)
     assert caught.value.details["fixed_bytes"] == 16 * params
+
+
+def test_a_prediction_with_search_compile_says_it_planned_eager_only():
+    spec = make_spec(
+        model=MLP,
+        batch_size=64,
+        **{"checkpoint.strategy": "auto", "checkpoint.budget_bytes": 10**9, "checkpoint.search_compile": True},
+    )
+    summary = predict_run(spec, CPU_TARGET)
+    assert "compiled" not in summary.plan  # nothing compiles on fake tensors
+    assert any("search_compile" in w and "eager plan" in w for w in summary.warnings)

@@ -1,0 +1,111 @@
+"""``auto``'s compiled candidates (``checkpoint.search_compile``, issue 31 Done-when #2): the
+bisection over torch.compile's own budget, the choice against the eager plan, and a run that
+compiles the chosen fraction at exactly the peak its search measured."""
+
+from __future__ import annotations
+
+import pydantic
+import pytest
+
+from ckptlab.spec.experiment import ExperimentSpec
+from ckptlab.spec.sweeps import canonical, plan_sweep
+from ckptlab.worker.engine.blocks import compiled
+from ckptlab.worker.engine.blocks.compiled import cheaper, largest_fitting
+from ckptlab.worker.engine.run import run_experiment
+from tests.factories import spec_dict
+
+#: A small transformer whose compiled peaks differ by fraction (CPU allocator, bytes):
+#: 1.0 about 8.28 MB, 0.75 6.71 MB, 0.5 6.16 MB; none 8.28 MB, per_block 5.33 MB.
+MODEL = {"kind": "transformer", "depth": 2, "d_model": 64, "heads": 2, "seq_len": 128, "vocab_size": 256}
+BUDGET = 6_500_000
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 20])
+def test_the_bisection_finds_the_largest_fitting_fraction_whatever_the_threshold(n):
+    for threshold in range(-1, n):  # -1: none fits
+        calls: list[int] = []
+
+        def fits(k: int, t: int = threshold, seen: list[int] = calls) -> bool:
+            seen.append(k)
+            return k <= t
+
+        assert largest_fitting(fits, n) == (threshold if threshold >= 0 else None)
+        assert calls[0] == n - 1  # the top (the default partition) first
+        assert len(calls) <= 1 + max(n - 1, 1).bit_length()
+
+
+def test_the_bisection_stops_at_its_probe_limit_with_what_it_found():
+    calls: list[int] = []
+    found = largest_fitting(lambda k: calls.append(k) or k <= 3, 20, max_probes=3)
+    assert len(calls) == 3
+    assert found is None or found <= 3  # never a fraction that did not fit
+
+
+@pytest.mark.parametrize(
+    ("overhead", "eager", "chosen"),
+    [
+        ({"estimate": 0.02, "low": 0.0, "high": 0.04}, 0.10, True),
+        ({"estimate": 0.08, "low": 0.05, "high": 0.12}, 0.10, False),  # inside the noise: keep eager
+        ({"estimate": 0.20, "low": 0.18, "high": 0.22}, 0.10, False),
+        (None, 0.10, False),  # not timed: no claim it is cheaper
+        (None, None, True),  # nothing to compare with: the measured one
+    ],
+)
+def test_the_compiled_candidate_is_chosen_only_when_measurably_cheaper(overhead, eager, chosen):
+    assert cheaper(overhead, eager) is chosen
+
+
+def _spec(**checkpoint) -> ExperimentSpec:
+    return ExperimentSpec.model_validate(
+        spec_dict(model=MODEL, batch_size=4, timed_steps=6, checkpoint={"strategy": "auto", **checkpoint})
+    )
+
+
+@pytest.fixture(scope="module")
+def forced_run() -> dict:
+    """auto with search_compile on a grid of quarters, the compiled candidate taken whatever
+    its time (the choice is :func:`cheaper`'s, tested above)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(compiled, "GRID", (0.25, 0.5, 0.75, 1.0))
+        mp.setattr(compiled, "cheaper", lambda overhead, eager: True)
+        return run_experiment(_spec(budget_bytes=BUDGET, search_compile=True)).dump()
+
+
+def test_a_chosen_fraction_runs_compiled_at_exactly_the_peak_its_search_measured(forced_run):
+    s = forced_run
+    found = s["plan"]["compiled"]
+    assert s["plan"]["chosen"] == "compile_budget" and found["chosen"]
+    assert s["memory_source"].startswith("cpu allocator") and s["compile_ms"] > 0  # it compiled
+    assert s["peak_allocated_bytes"] == found["peak_bytes"] == s["predicted_peak_bytes"] <= BUDGET
+    # the largest fraction tried that fits: every larger one tried did not
+    tried = {p["activation_memory_budget"]: p["peak_bytes"] for p in found["probes"]}
+    assert tried[found["activation_memory_budget"]] <= BUDGET
+    assert all(peak > BUDGET for f, peak in tried.items() if f > found["activation_memory_budget"])
+    assert 1.0 in tried and len(tried) <= 3
+    # timed against the eager un-checkpointed step, as the eager plan was predicted
+    assert s["paired_overhead"] is not None and found["predicted_overhead"]["rounds"] >= 6
+    assert s["plan"]["eager_prediction"]["predicted_peak_bytes"] <= BUDGET
+    assert s["gradient_verdict"] == "match"
+
+
+def test_without_search_compile_auto_never_compiles():
+    s = run_experiment(_spec(budget_bytes=BUDGET)).dump()
+    assert "compiled" not in s["plan"] and s.get("compile_ms") is None
+    assert s["memory_source"] == "live tensors" and s["peak_allocated_bytes"] <= BUDGET
+
+
+def test_search_compile_is_refused_in_a_sharded_run_naming_the_field():
+    body = spec_dict(checkpoint={"strategy": "auto", "budget_bytes": 10**9, "search_compile": True})
+    body["distributed"] = {"kind": "ddp", "world_size": 2}
+    with pytest.raises(pydantic.ValidationError) as info:
+        ExperimentSpec.model_validate(body)
+    assert info.value.errors()[0]["loc"] == ("checkpoint", "search_compile")
+
+
+def test_other_strategies_ignore_search_compile_and_a_sweep_queues_them_once():
+    per_block = ExperimentSpec.model_validate(spec_dict(checkpoint={"strategy": "per_block", "search_compile": True}))
+    assert canonical(per_block).checkpoint.search_compile is False
+    base = spec_dict(checkpoint={"strategy": "auto", "budget_bytes": 10**9, "search_compile": True})
+    plan = plan_sweep(base, {"checkpoint.strategy": ["auto", "per_block"]})
+    searched = {r.spec.checkpoint.strategy: r.spec.checkpoint.search_compile for r in plan.runs}
+    assert searched == {"none": False, "auto": True, "per_block": False}  # the baseline too

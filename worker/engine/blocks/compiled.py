@@ -1,0 +1,275 @@
+"""``auto``'s compiled candidates (``checkpoint.search_compile``, issue 31 Done-when #2):
+``torch.compile`` with its own activation memory budget
+(``torch._functorch.config.activation_memory_budget``, the ``compile_budget`` strategy) as a
+choice beside the eager plan.
+
+The min-cut partitioner recomputes fused kernels, which no eager checkpoint can: on the
+built-in transformer 4×128 (seq 256, batch 4, CPU) ``compile_budget`` 0.8 saved 12 MiB of
+``none``'s 61 MiB peak for no measurable time, where ``auto``'s eager plans paid +7 to +14%
+(docs/benchmarks.md, "``auto`` with selective blocks against every alternative"). Its peak
+cannot be modelled from the eager profile, so each candidate is *measured*: built and run
+through the memory pass exactly as a ``compile_budget`` run of the same spec is
+(:class:`ckptlab.worker.engine.context.RunContext`, the CPU allocator's readings on CPU),
+in the run's process, after the eager profile has freed its copy. The fraction is found by
+bisection on a grid of 1/20: the largest whose measured peak fits the budget (the
+partitioner's runtime falls as it may save more). Only the chosen one is timed: paired
+with an un-checkpointed *eager* copy (the run's own pairing), so its overhead compares
+with the eager plan's predicted one, both against the step the user runs without
+checkpointing. It is chosen when that interval's upper end is below the eager plan's
+predicted overhead (a difference outside the noise), and then the run compiles.
+
+Example usage (what :func:`ckptlab.worker.engine.run.run_experiment` does)::
+
+    choice = search_compiled(spec, dev, build, eager_overhead=0.14)
+    if choice is not None and choice.chosen:
+        run_spec = choice.run_spec(spec)
+
+Known limitations:
+    - The bisection assumes the peak does not rise as the fraction falls; pytorch#197838
+      shows it can (budget 0.0 above 0.1 on an 8-layer transformer). A fraction is only
+      chosen from its own measured peak, so the budget holds; a fitting fraction the
+      bisection stepped over can be missed. The grid stops at 0.05 for that reason.
+    - Each probe compiles (0.3-8 s a fraction here with inductor's cache warm, tens of
+      seconds cold); at most :data:`MAX_PROBES` are made.
+    - Not on fake tensors (a prediction), nor in a sharded run (the spec refuses it).
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ckptlab.analysis.stats import paired_ratio_ci
+from ckptlab.spec.experiment import ExperimentSpec
+from ckptlab.strategies import STRATEGIES, get_strategy
+from ckptlab.worker.engine.block_timing import TIMING_ROUNDS
+from ckptlab.worker.engine.context import RunContext
+from ckptlab.worker.measure.meter import Meter
+from ckptlab.worker.models.base import Built
+
+__all__ = [
+    "CompiledChoice",
+    "CompiledProbe",
+    "search_compiled",
+    "measured_compiled",
+    "largest_fitting",
+    "cheaper",
+    "MAX_PROBES",
+    "COMPILE",
+    "GRID",
+]
+
+#: The strategy a compiled candidate runs as (the table's one that compiles).
+COMPILE = next(name for name, s in STRATEGIES.items() if s.compiles)
+#: Fractions searched: 1/20 apart, 0.05 to 1.0.
+GRID = tuple(round(i / 20, 2) for i in range(1, 21))
+#: Most probes one search makes (:func:`largest_fitting` needs at most 6 on :data:`GRID`).
+MAX_PROBES = 7
+
+
+@dataclass(frozen=True)
+class CompiledProbe:
+    """One fraction tried: its measured peak (bytes, the memory pass's maximum after
+    warm-up, as the run's summary reads it) and its compile time (ms)."""
+
+    fraction: float
+    peak_bytes: int
+    compile_ms: float
+
+
+@dataclass
+class CompiledChoice:
+    """The compiled candidate for a budget and whether ``auto`` runs it.
+
+    Attributes:
+        budget_bytes: the budget searched for.
+        probes: every fraction tried, in order.
+        fraction: the largest fraction found fitting, or None (none fits).
+        peak_bytes: its measured peak (bytes; a second build, the timed one), or None.
+        overhead: its paired overhead over the un-checkpointed eager step
+            (``{estimate, low, high}``, fractions, as ``plan.predicted_overhead``; rounds,
+            clock), or None.
+        eager_overhead: the eager plan's predicted overhead it was compared with (fraction).
+        chosen: whether the run compiles (the upper end of ``overhead`` below
+            ``eager_overhead``).
+    """
+
+    budget_bytes: int
+    probes: list[CompiledProbe] = field(default_factory=list)
+    fraction: float | None = None
+    peak_bytes: int | None = None
+    overhead: dict[str, Any] | None = None
+    eager_overhead: float | None = None
+    chosen: bool = False
+
+    def run_spec(self, spec: ExperimentSpec) -> ExperimentSpec:
+        """``spec`` as the ``compile_budget`` run of the chosen fraction.
+
+        Raises:
+            ValueError: no fraction was found.
+        """
+        if self.fraction is None:
+            raise ValueError("no compiled candidate fits the budget")
+        return compiled_spec(spec, self.fraction)
+
+    def public(self) -> dict[str, Any]:
+        """JSON-able: the summary's ``plan.compiled``."""
+        return {
+            "budget_bytes": self.budget_bytes,
+            "activation_memory_budget": self.fraction,
+            "peak_bytes": self.peak_bytes,
+            "predicted_overhead": self.overhead,
+            "eager_overhead": self.eager_overhead,
+            "chosen": self.chosen,
+            "probes": [
+                {"activation_memory_budget": p.fraction, "peak_bytes": p.peak_bytes, "compile_ms": p.compile_ms}
+                for p in self.probes
+            ],
+        }
+
+
+def compiled_spec(spec: ExperimentSpec, fraction: float, **update: Any) -> ExperimentSpec:
+    """``spec`` as strategy ``compile_budget`` at ``fraction`` (and ``update``'s fields)."""
+    ck = spec.checkpoint.model_copy(
+        update={"strategy": COMPILE, "activation_memory_budget": fraction, "search_compile": False}
+    )
+    return spec.model_copy(update={"checkpoint": ck, **update})
+
+
+def search_compiled(
+    spec: ExperimentSpec,
+    dev: torch.device,
+    build: Callable[[], Built] | None,
+    *,
+    eager_overhead: float | None,
+    budget_bytes: int,
+) -> CompiledChoice:
+    """Bisect :data:`GRID` for the largest fraction whose measured peak is at most
+    ``budget_bytes``, time it paired against the eager un-checkpointed step, and choose it
+    over the eager plan (predicted overhead ``eager_overhead``, a fraction; None: not timed,
+    the compiled one is chosen when it fits) when its interval lies below.
+
+    Raises:
+        Whatever the compiled run raises (a compile error, out of memory): the run fails
+        as a ``compile_budget`` run of the same spec would.
+    """
+    choice = CompiledChoice(budget_bytes=budget_bytes, eager_overhead=eager_overhead)
+    peaks: dict[float, int] = {}
+
+    def fits(k: int) -> bool:
+        fraction = GRID[k]
+        if fraction not in peaks:
+            run = measured_compiled(spec, dev, build, fraction, timed=False)
+            peaks[fraction] = _peak(run)
+            choice.probes.append(CompiledProbe(fraction, peaks[fraction], run.compile_ms or 0.0))
+        return peaks[fraction] <= budget_bytes
+
+    lo = largest_fitting(fits, len(GRID))
+    if lo is None:
+        return choice
+    run = measured_compiled(spec, dev, build, GRID[lo], timed=True)
+    choice.fraction, choice.peak_bytes = GRID[lo], _peak(run)
+    clock = "step_ms" if dev.type == "cuda" else "cpu_ms"
+    mine = [r["step_ms"] if clock == "step_ms" else r["extra"]["cpu_ms"] for r in run.timed]
+    base = [r["step_ms"] if clock == "step_ms" else r["extra"]["cpu_ms"] for r in run.paired]
+    interval = paired_ratio_ci(base, mine)
+    if interval is not None:
+        choice.overhead = {
+            "estimate": interval.estimate_pct / 100,
+            "low": interval.low_pct / 100,
+            "high": interval.high_pct / 100,
+            "rounds": interval.rounds,
+            "clock": "wall time" if clock == "step_ms" else "CPU time",
+        }
+    choice.chosen = choice.peak_bytes <= budget_bytes and cheaper(choice.overhead, eager_overhead)
+    return choice
+
+
+def cheaper(overhead: dict[str, Any] | None, eager_overhead: float | None) -> bool:
+    """Whether a compiled candidate's measured overhead (``{estimate, low, high}``,
+    fractions of the eager un-checkpointed step) beats the eager plan's predicted one
+    (a fraction) outside the noise: its interval's upper end lies below. With no eager
+    prediction (the blocks could not be timed) the compiled one, measured, is taken."""
+    if eager_overhead is None:
+        return True
+    return overhead is not None and overhead["high"] < eager_overhead
+
+
+def largest_fitting(fits: Callable[[int], bool], n: int, max_probes: int = MAX_PROBES) -> int | None:
+    """The largest ``k`` in ``range(n)`` with ``fits(k)``, by bisection (``fits`` assumed to
+    hold up to some ``k`` and fail above it), the top first; None when none fits or the
+    probes ran out before one fitting was found. Calls ``fits`` at most ``max_probes``
+    times (1 + ceil(log2(n)) needed)."""
+    calls = 0
+
+    def probe(k: int) -> bool:
+        nonlocal calls
+        calls += 1
+        return fits(k)
+
+    if probe(n - 1):
+        return n - 1
+    lo, hi = -1, n - 2  # lo fits (-1: none known yet); above hi none does
+    while lo < hi and calls < max_probes:
+        mid = (lo + hi + 1) // 2
+        if probe(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo if lo >= 0 else None
+
+
+def _peak(run: RunContext) -> int:
+    """The memory pass's peak as the summary reads it (max after warm-up), bytes."""
+    measured = run.records[run.spec.warmup_steps :] or run.records
+    return max(r["peak_allocated_bytes"] for r in measured)
+
+
+def measured_compiled(
+    spec: ExperimentSpec,
+    dev: torch.device,
+    build: Callable[[], Built] | None,
+    fraction: float,
+    *,
+    timed: bool,
+    timed_steps: int = 2 * TIMING_ROUNDS,
+) -> RunContext:
+    """A ``compile_budget`` run of ``spec`` at ``fraction`` through its memory pass (as
+    :func:`ckptlab.worker.engine.run.run_experiment` sets one up: dynamo's caches freed
+    first, the allocator's readings on CPU), then, if ``timed``, ``timed_steps`` (default
+    :data:`TIMING_ROUNDS` x 2) timed steps paired with an eager un-checkpointed copy (``run.timed`` and
+    ``run.paired``, step records). RNG state restored after.
+
+    Raises:
+        Whatever the run raises (a compile error, ``torch.OutOfMemoryError``).
+    """
+    cspec = compiled_spec(
+        spec,
+        fraction,
+        timed_steps=timed_steps if timed else 0,
+        paired_timing=True,
+        verify_gradients=False,
+        memory_snapshot=False,
+    )
+    torch._dynamo.reset()
+    gc.collect()
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(dev)
+    meter = Meter(dev, spec.memory_limit_bytes, allocator_events=dev.type == "cpu")
+    run = RunContext(cspec, get_strategy(COMPILE), dev, meter, {"phase": "setup", "step": 0}, None)
+    run.pair_compiled = True
+    with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
+        with meter.mode():
+            run.build(build)
+            run.memory_pass()
+            if timed and meter.cuda:
+                run.timed_pass()
+        if timed and not meter.cuda:
+            meter.tracking = False
+            run.timed_pass()
+    return run
