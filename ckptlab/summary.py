@@ -117,6 +117,11 @@ class HostLoad(BaseModel):
         ge=0,
         description="CPU time of the timed steps over their wall time and threads (CPU runs): 1 on a quiet host",
     )
+    heap_kept: bool | None = Field(
+        None,
+        description="CPU runs: the process's heap kept freed memory, so steps did not fault pages in "
+        "(ckptlab.worker.measure.heap); None: a CUDA run, or one stored before this was recorded",
+    )
 
 
 class ShardedGradientCheck(BaseModel):

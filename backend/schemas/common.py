@@ -112,7 +112,7 @@ class OverheadPublic(BaseModel):
     threshold_pct: float | None = Field(None, description="the noise threshold the estimate must reach")
     rounds: int | None = Field(None, description="samples behind it (the fewer of two sets; paired: rounds)")
     not_comparable: str | None = Field(
-        None, description="why two separate runs were not compared (a busy host), or null"
+        None, description="why two separate runs were not compared (a busy host, different CPU heaps), or null"
     )
     measurable: bool = Field(
         description="a difference to report: comparable, at least 5 rounds, the CI excludes 0 and the estimate "

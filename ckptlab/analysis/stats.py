@@ -367,11 +367,20 @@ def separate_runs_not_comparable(a: HostLoad | None, b: HostLoad | None) -> str 
     less the run's own threads, per core: :data:`BUSY_LOAD_PER_CORE` or more for either run,
     or a difference of as much. A difference of such runs' step times is the host's as much
     as theirs: on this 2-core VM identical work under two busy loops read -35% to +102%
-    (issue 31). A run stored before loads were recorded (None) is compared as before.
+    (issue 31). A run stored before loads were recorded (None) is compared as before. CPU
+    runs of which one kept freed heap memory and the other did not (``heap_kept``; unset:
+    an older run, which did not) are never comparable: page faults alone moved a DenseNet
+    step from 69 to 99 ms (docs/benchmarks.md, bench_heap).
     """
     if a is None or b is None:
         return None
     loads = f"load averages {a.load_1m:.1f} and {b.load_1m:.1f} on {a.cpus} cores"
+    cpu = a.cpu_share is not None and b.cpu_share is not None
+    if cpu and bool(a.heap_kept) != bool(b.heap_kept):  # None: stored before the heap was kept
+        return (
+            "separate runs on different CPU heaps: not comparable (one run's heap kept freed memory, "
+            "the other's faulted pages in every step)"
+        )
     if a.cpu_share is not None and b.cpu_share is not None:
         low, moved = min(a.cpu_share, b.cpu_share), abs(a.cpu_share - b.cpu_share)
         if low >= QUIET_CPU_SHARE and moved <= SHARE_MOVED:

@@ -18,6 +18,7 @@ from ckptlab.spec.experiment import ExperimentSpec
 from ckptlab.strategies import BASELINE
 from ckptlab.summary import RunSummary
 from ckptlab.worker.engine.training import environment
+from ckptlab.worker.measure.heap import keep_freed_heap
 from ckptlab.worker.measure.meter import Meter, growth_per_step
 
 __all__ = ["SummaryContext", "finite_or_none", "summarize"]
@@ -144,13 +145,16 @@ def _host_load(run: SummaryContext) -> dict[str, Any]:
     """The host's load as the timing pass ended (:class:`ckptlab.summary.HostLoad`): the
     1-minute load average, and on CPU the share of its threads' time the timed steps got
     (their CPU time over wall time x threads: about 1 on a quiet host, 2/3 for one thread
-    beside two busy loops on 2 cores)."""
+    beside two busy loops on 2 cores) and whether the heap kept freed memory
+    (:func:`ckptlab.worker.measure.heap.keep_freed_heap`, already set: its cached answer)."""
     threads = run.timing_threads if not run.meter.cuda and run.timing_threads else 1
     out: dict[str, Any] = {"load_1m": os.getloadavg()[0], "cpus": os.cpu_count() or 1, "threads": threads}
     timed = [r for r in run.timed if "cpu_ms" in (r.get("extra") or {})]
     wall = sum(r["step_ms"] for r in timed)
     if timed and wall > 0 and not run.meter.cuda:
         out["cpu_share"] = sum(r["extra"]["cpu_ms"] for r in timed) / (wall * threads)
+    if not run.meter.cuda:  # page faults or none: CPU step times differ by that alone
+        out["heap_kept"] = keep_freed_heap()
     return out
 
 

@@ -116,6 +116,22 @@ def test_separate_runs_are_compared_only_on_a_quiet_host(a, b, comparable):
         assert why.startswith("separate runs on a busy host: not comparable (") and interval.not_comparable == why
 
 
+def test_cpu_runs_on_different_heaps_are_never_compared():
+    """A run whose heap kept freed memory against one whose steps faulted pages in (a run
+    stored before ckptlab kept it: ``heap_kept`` unset): the step times differ by the faults
+    alone, however quiet the host (DenseNet 69 against 99 ms, docs/benchmarks.md)."""
+    kept, older = _load(0.98).model_copy(update={"heap_kept": True}), _load(0.98)
+    why = stats.separate_runs_not_comparable(kept, older)
+    assert why is not None and "heap" in why and why == stats.separate_runs_not_comparable(older, kept)
+    assert stats.separate_runs_not_comparable(kept, kept.model_copy()) is None  # both kept, quiet host
+    interval = stats.between_separate_runs(
+        ratio_ci(_noisy(10.0, 30, seed=1), _noisy(14.0, 30, seed=2)), [kept], [older]
+    )
+    assert not interval.measurable and interval.not_comparable == why
+    cuda = _load(None).model_copy(update={"heap_kept": None})
+    assert stats.separate_runs_not_comparable(cuda, _load(None)) is None  # CUDA runs: no heap to differ
+
+
 def test_fewer_than_five_rounds_are_never_measurable():
     few = ratio_ci([10.0, 10.1, 9.9, 10.0], [20.0, 20.1, 19.9, 20.0])
     assert few.rounds == 4 and not few.measurable and few.low_pct > 50
