@@ -107,7 +107,7 @@ def compiled_figures(spec_: ExperimentSpec) -> dict:
     o = paired_ratio_ci(base, mine)
     return {
         "peak": max(r["peak_allocated_bytes"] for r in measured),
-        "overhead": (o.estimate_pct / 100, o.low_pct / 100, o.high_pct / 100),
+        "overhead": None if o is None else (o.estimate_pct / 100, o.low_pct / 100, o.high_pct / 100),
         "cpu_ms": statistics.median(mine),
     }
 

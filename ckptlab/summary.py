@@ -248,7 +248,11 @@ class RunSummary(BaseModel):
             "predicted_overhead per point), alternatives (each: its setting, e.g. name, strategy, segments or every, "
             "and its plan: plan_segments, checkpointed_blocks, predicted_peak_bytes, predicted_overhead ...), timing, "
             "block profiles, selective_policies (what the search could choose beside keep and recompute); "
-            "recompute_ms (ms) for programs"
+            "recompute_ms (ms) for programs. With checkpoint.search_compile: compiled (the torch.compile "
+            "candidate: activation_memory_budget, peak_bytes, predicted_overhead measured paired in the search, "
+            "eager_overhead, chosen, why_not, probes) and chosen ('compile_budget' or 'checkpoints'); when "
+            "compiled, predicted_peak_bytes and predicted_overhead are the candidate's, eager_prediction keeps the "
+            "eager plan's, and segments, front and alternatives stay the eager plan's"
         ),
     )
     # Words.

@@ -27,7 +27,9 @@ function planText(plan) {
     return `torch.compile at activation memory budget ${c.activation_memory_budget}, measured at ${fmtBytes(c.peak_bytes)} `
       + `(${c.probes.length} budgets tried); measurably cheaper than the eager plan (${eagerPlanText(plan)})`;
   }
-  return eagerPlanText(plan) + (c ? `; torch.compile tried (${c.probes.length} budgets), not measurably cheaper` : '');
+  if (!c) return eagerPlanText(plan);
+  const why = c.why_not || (c.activation_memory_budget === null ? 'none fits the budget' : 'not measurably cheaper');
+  return `${eagerPlanText(plan)}; torch.compile tried (${c.probes.length} budgets): ${why}`;
 }
 
 function eagerPlanText(plan) {

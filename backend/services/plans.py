@@ -69,7 +69,7 @@ def plan_request(
     split to try, and only the strategies that need no segment count are compared.
     ``compile_budgets``: the ``activation_memory_budget`` values of the torch.compile
     points (none: no such point); with them the ``auto`` point searches the compiler's
-    budget too (``checkpoint.search_compile``).
+    budget too (``checkpoint.search_compile``), unless the base is a sharded run.
     """
     compiled: dict[str, list[Any]] = (
         {"checkpoint.activation_memory_budget": list(dict.fromkeys(compile_budgets))} if compile_budgets else {}
@@ -79,11 +79,14 @@ def plan_request(
     depth = model.get("depth") if isinstance(model, Mapping) else None
     if depth is None and isinstance(model, Mapping):
         depth = model.get("num_hidden_layers")
-    # with compiled points, auto searches the compiler's budget too (its measured choice)
+    # with compiled points, auto searches the compiler's budget too (its measured choice);
+    # not in a sharded run, which compiles nothing (its compiled points are refused alone)
+    distributed = base.get("distributed")
+    sharded = isinstance(distributed, Mapping) and distributed.get("kind", "none") != "none"
     planned = {
         "strategy": PLANNED,
         "budget_bytes": budget_bytes,
-        **({"search_compile": True} if compile_budgets else {}),
+        **({"search_compile": True} if compile_budgets and not sharded else {}),
     }
     spec = {**base, "checkpoint": {**(base.get("checkpoint") or {}), **planned}}
     if isinstance(depth, int) and depth >= 1:

@@ -292,6 +292,13 @@ def test_a_plan_that_chose_torch_compile_says_so_on_both_pages(app, tab: Tab) ->
     page.goto(f"{app.url}/#/experiments/{ids['strategy=auto segments=2']}")
     expect(page.locator("#exp-spec")).to_contain_text("torch.compile at activation memory budget 0.5, measured at 98")
     expect(page.locator("#exp-spec")).to_contain_text("eager plan (blocks 0–3 checkpointed of 8)")
+    # a candidate that fitted but was not run says why, and the eager plan is the plan
+    why = "its gradients differ from the un-checkpointed model's (torch.compile draws other dropout masks)"
+    _, ids = insert_plan(app.data_dir, budget=110 * MIB, compiled={**compiled, "chosen": False, "why_not": why})
+    page.goto(f"{app.url}/#/experiments/{ids['strategy=auto segments=2']}")
+    expect(page.locator("#exp-spec")).to_contain_text(
+        f"blocks 0–3 checkpointed of 8; torch.compile tried (2 budgets): {why}"
+    )
     tab.assert_no_errors()
 
 

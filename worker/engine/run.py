@@ -228,7 +228,8 @@ def _plan_and_check(
     run plans and checks on rank 0 only and shares the plan (one plan for every rank). With
     ``checkpoint.search_compile``, the compiled candidate is searched once the eager plan
     checkpoints something (:func:`ckptlab.worker.engine.blocks.compiled.search_compiled`),
-    and the check runs what the run will: the compiled model when it is chosen."""
+    and the check runs what the run will: the compiled model when it is chosen; when its
+    gradients differ (compiled dropout), the eager plan runs instead and is checked."""
     first = rank is None or rank.rank == 0
     planned = plan_for_budget(spec, dev, build) if strategy.planned and first else None
     if strategy.planned and rank is not None:
@@ -240,6 +241,12 @@ def _plan_and_check(
         if planned.compiled.chosen:
             checked, ranges = planned.compiled.run_spec(spec), None
     check = verify_gradients(checked, dev, build, ranges) if spec.verify_gradients and first else {}
+    if checked is not spec and check.get("gradients_match") is False:  # compiled dropout's own masks
+        planned.compiled.chosen = False  # type: ignore[union-attr]
+        planned.compiled.why_not = (  # type: ignore[union-attr]
+            "its gradients differ from the un-checkpointed model's (torch.compile draws other dropout masks)"
+        )
+        check = verify_gradients(spec, dev, build, planned.ranges)  # type: ignore[union-attr]
     return planned, check
 
 

@@ -195,3 +195,18 @@ def test_the_plans_front_is_the_recommendations_order_so_the_pick_is_on_it():
     ]
     _mark_front(points)
     assert [p.on_front for p in points] == [True, True, True, False]
+
+
+@pytest.mark.parametrize(("distributed", "searched"), [(None, True), ({"kind": "ddp", "world_size": 2}, False)])
+def test_a_plan_with_compiled_points_lets_auto_search_them_unless_the_run_is_sharded(distributed, searched):
+    """With compiled points, the auto point searches the compiler's budget too
+    (``search_compile``); a sharded run compiles nothing, so its auto point must not ask
+    (it would be refused, and the plan with it, naming a field the user never sent)."""
+    from ckptlab.backend.services.plans import plan_request
+    from ckptlab.spec.sweeps import plan_sweep
+
+    base = {**BASE, "device": "cpu", **({"distributed": distributed} if distributed else {})}
+    spec, axes = plan_request(base, 10**9, compile_budgets=[0.5, 1.0])
+    planned = plan_sweep(spec, axes)
+    autos = [r.spec for r in planned.runs if r.spec.checkpoint.strategy == "auto"]
+    assert len(autos) == 1 and autos[0].checkpoint.search_compile is searched

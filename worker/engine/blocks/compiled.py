@@ -20,8 +20,8 @@ predicted overhead (a difference outside the noise), and then the run compiles.
 
 Example usage (what :func:`ckptlab.worker.engine.run.run_experiment` does)::
 
-    choice = search_compiled(spec, dev, build, eager_overhead=0.14)
-    if choice is not None and choice.chosen:
+    choice = search_compiled(spec, dev, build, eager_overhead=0.14, budget_bytes=budget)
+    if choice.chosen:
         run_spec = choice.run_spec(spec)
 
 Known limitations:
@@ -32,6 +32,13 @@ Known limitations:
     - Each probe compiles (0.3-8 s a fraction here with inductor's cache warm, tens of
       seconds cold); at most :data:`MAX_PROBES` are made.
     - Not on fake tensors (a prediction), nor in a sharded run (the spec refuses it).
+    - Searched only once an eager plan exists: a budget no eager plan fits is refused as
+      before (the compiler's lowest peaks lay above per_block's on every model measured).
+    - Compiled dropout draws other masks than eager dropout (``fallback_random`` does not
+      change that): the gradient check then differs, and the engine falls back to the eager
+      plan (``why_not``) rather than report a run whose check cannot match.
+    - Candidates run without ``memory_limit_bytes`` (as the profile step does); one that
+      runs out of memory does not fit.
 """
 
 from __future__ import annotations
@@ -96,6 +103,7 @@ class CompiledChoice:
         eager_overhead: the eager plan's predicted overhead it was compared with (fraction).
         chosen: whether the run compiles (the upper end of ``overhead`` below
             ``eager_overhead``).
+        why_not: why a fitting candidate was not run after all (its gradients), or None.
     """
 
     budget_bytes: int
@@ -105,6 +113,7 @@ class CompiledChoice:
     overhead: dict[str, Any] | None = None
     eager_overhead: float | None = None
     chosen: bool = False
+    why_not: str | None = None
 
     def run_spec(self, spec: ExperimentSpec) -> ExperimentSpec:
         """``spec`` as the ``compile_budget`` run of the chosen fraction.
@@ -125,6 +134,7 @@ class CompiledChoice:
             "predicted_overhead": self.overhead,
             "eager_overhead": self.eager_overhead,
             "chosen": self.chosen,
+            "why_not": self.why_not,
             "probes": [
                 {"activation_memory_budget": p.fraction, "peak_bytes": p.peak_bytes, "compile_ms": p.compile_ms}
                 for p in self.probes
@@ -150,8 +160,9 @@ def search_compiled(
 ) -> CompiledChoice:
     """Bisect :data:`GRID` for the largest fraction whose measured peak is at most
     ``budget_bytes``, time it paired against the eager un-checkpointed step, and choose it
-    over the eager plan (predicted overhead ``eager_overhead``, a fraction; None: not timed,
-    the compiled one is chosen when it fits) when its interval lies below.
+    over the eager plan (predicted overhead ``eager_overhead``, a fraction; None: not timed)
+    when its interval lies below (:func:`cheaper`). A candidate that runs out of memory
+    does not fit (its probe's peak reads :data:`_OUT_OF_MEMORY`).
 
     Raises:
         Whatever the compiled run raises (a compile error, out of memory): the run fails
@@ -163,12 +174,19 @@ def search_compiled(
     def fits(k: int) -> bool:
         fraction = GRID[k]
         if fraction not in peaks:
-            run = measured_compiled(spec, dev, build, fraction, timed=False)
-            peaks[fraction] = _peak(run)
-            choice.probes.append(CompiledProbe(fraction, peaks[fraction], run.compile_ms or 0.0))
+            try:
+                run = measured_compiled(spec, dev, build, fraction, timed=False)
+                peaks[fraction], compile_ms = _peak(run), run.compile_ms or 0.0
+            except (torch.OutOfMemoryError, MemoryError):  # the simulated one is a MemoryError
+                peaks[fraction], compile_ms = _OUT_OF_MEMORY, 0.0  # it does not fit: the next one may
+                if dev.type == "cuda":
+                    torch.cuda.empty_cache()
+            choice.probes.append(CompiledProbe(fraction, peaks[fraction], compile_ms))
         return peaks[fraction] <= budget_bytes
 
     lo = largest_fitting(fits, len(GRID))
+    if dev.type == "cuda":  # what the candidates cached is not the run's
+        torch.cuda.empty_cache()
     if lo is None:
         return choice
     run = measured_compiled(spec, dev, build, GRID[lo], timed=True)
@@ -193,10 +211,11 @@ def cheaper(overhead: dict[str, Any] | None, eager_overhead: float | None) -> bo
     """Whether a compiled candidate's measured overhead (``{estimate, low, high}``,
     fractions of the eager un-checkpointed step) beats the eager plan's predicted one
     (a fraction) outside the noise: its interval's upper end lies below. With no eager
-    prediction (the blocks could not be timed) the compiled one, measured, is taken."""
-    if eager_overhead is None:
-        return True
-    return overhead is not None and overhead["high"] < eager_overhead
+    prediction (the blocks could not be timed) nothing says it is cheaper: the eager plan,
+    whose peak is exact, stays."""
+    if eager_overhead is None or overhead is None:
+        return False
+    return overhead["high"] < eager_overhead
 
 
 def largest_fitting(fits: Callable[[int], bool], n: int, max_probes: int = MAX_PROBES) -> int | None:
@@ -221,6 +240,10 @@ def largest_fitting(fits: Callable[[int], bool], n: int, max_probes: int = MAX_P
         else:
             hi = mid - 1
     return lo if lo >= 0 else None
+
+
+#: A probe's peak when it ran out of memory (bytes): above any budget.
+_OUT_OF_MEMORY = 2**62
 
 
 def _peak(run: RunContext) -> int:
@@ -260,7 +283,7 @@ def measured_compiled(
     if dev.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(dev)
-    meter = Meter(dev, spec.memory_limit_bytes, allocator_events=dev.type == "cpu")
+    meter = Meter(dev, None, allocator_events=dev.type == "cpu")  # no limit, as the profile step
     run = RunContext(cspec, get_strategy(COMPILE), dev, meter, {"phase": "setup", "step": 0}, None)
     run.pair_compiled = True
     with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):

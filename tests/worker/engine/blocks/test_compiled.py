@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pydantic
 import pytest
+import torch
 
 from ckptlab.spec.experiment import ExperimentSpec
 from ckptlab.spec.sweeps import canonical, plan_sweep
@@ -36,9 +37,12 @@ def test_the_bisection_finds_the_largest_fitting_fraction_whatever_the_threshold
 
 def test_the_bisection_stops_at_its_probe_limit_with_what_it_found():
     calls: list[int] = []
-    found = largest_fitting(lambda k: calls.append(k) or k <= 3, 20, max_probes=3)
+    # 19 does not fit, 9 does, 14 does not: out of probes, 9 is the best found (11 was)
+    assert largest_fitting(lambda k: calls.append(k) or k <= 11, 20, max_probes=3) == 9
+    assert calls == [19, 9, 14]
+    calls.clear()
+    assert largest_fitting(lambda k: calls.append(k) or k <= 3, 20, max_probes=3) is None  # none found yet
     assert len(calls) == 3
-    assert found is None or found <= 3  # never a fraction that did not fit
 
 
 @pytest.mark.parametrize(
@@ -48,7 +52,7 @@ def test_the_bisection_stops_at_its_probe_limit_with_what_it_found():
         ({"estimate": 0.08, "low": 0.05, "high": 0.12}, 0.10, False),  # inside the noise: keep eager
         ({"estimate": 0.20, "low": 0.18, "high": 0.22}, 0.10, False),
         (None, 0.10, False),  # not timed: no claim it is cheaper
-        (None, None, True),  # nothing to compare with: the measured one
+        ({"estimate": 0.02, "low": 0.0, "high": 0.04}, None, False),  # eager not timed: the exact plan stays
     ],
 )
 def test_the_compiled_candidate_is_chosen_only_when_measurably_cheaper(overhead, eager, chosen):
@@ -86,6 +90,50 @@ def test_a_chosen_fraction_runs_compiled_at_exactly_the_peak_its_search_measured
     assert s["paired_overhead"] is not None and found["predicted_overhead"]["rounds"] >= 6
     assert s["plan"]["eager_prediction"]["predicted_peak_bytes"] <= BUDGET
     assert s["gradient_verdict"] == "match"
+
+
+def test_a_candidate_out_of_memory_does_not_fit_and_the_eager_plan_keeps_its_peak(monkeypatch):
+    """The run's memory limit is the budget: the default partition (8.28 MB) would not fit
+    beside it, and a candidate that runs out of memory is one that does not fit, not the
+    run's failure. The eager plan, not beaten, runs at its own prediction."""
+    real = compiled.measured_compiled
+
+    def measured(spec, dev, build, fraction, **kw):
+        if fraction == 1.0:
+            raise torch.OutOfMemoryError("simulated")
+        return real(spec, dev, build, fraction, **kw)
+
+    monkeypatch.setattr(compiled, "GRID", (0.5, 1.0))
+    monkeypatch.setattr(compiled, "measured_compiled", measured)
+    monkeypatch.setattr(compiled, "cheaper", lambda overhead, eager: False)
+    s = run_experiment(
+        _spec(budget_bytes=BUDGET, search_compile=True).model_copy(update={"memory_limit_bytes": BUDGET})
+    )
+    s = s.dump()
+    found = s["plan"]["compiled"]
+    assert [p["activation_memory_budget"] for p in found["probes"]] == [1.0, 0.5]
+    assert found["probes"][0]["peak_bytes"] > BUDGET and found["activation_memory_budget"] == 0.5
+    assert not found["chosen"] and s["plan"]["chosen"] == "checkpoints" and "eager_prediction" not in s["plan"]
+    assert s["memory_source"] == "live tensors" and s.get("compile_ms") is None  # the eager plan ran
+    assert s["peak_allocated_bytes"] == s["predicted_peak_bytes"] == s["plan"]["predicted_peak_bytes"] <= BUDGET
+
+
+def test_compiled_dropout_falls_back_to_the_eager_plan_whose_gradients_match(monkeypatch):
+    """torch.compile draws other dropout masks: its gradient check differs, so the run keeps
+    the eager plan and says why (an MLP with dropout 0.1, whose compiled default partition
+    fits the budget)."""
+    monkeypatch.setattr(compiled, "GRID", (0.5, 1.0))
+    monkeypatch.setattr(compiled, "cheaper", lambda overhead, eager: True)
+    mlp = {"model.depth": 4, "model.width": 256, "model.dropout": 0.1, "batch_size": 256, "optimizer": "sgd"}
+    body = spec_dict(
+        **mlp, timed_steps=4, checkpoint={"strategy": "auto", "budget_bytes": 4_000_000, "search_compile": True}
+    )
+    s = run_experiment(ExperimentSpec.model_validate(body)).dump()
+    found = s["plan"]["compiled"]
+    assert found["activation_memory_budget"] is not None and not found["chosen"]
+    assert "dropout" in found["why_not"] and s["plan"]["chosen"] == "checkpoints"
+    assert s["gradient_verdict"] == "match" and s["memory_source"] == "live tensors"
+    assert s["peak_allocated_bytes"] <= s["predicted_peak_bytes"] <= 4_000_000
 
 
 def test_without_search_compile_auto_never_compiles():
