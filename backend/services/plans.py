@@ -115,8 +115,8 @@ class PlanPoint:
     ``paired_overhead``: its step-time overhead over the un-checkpointed copy it was timed
     with, round by round in its own process (:meth:`SweepRow.paired_overhead`, as
     ``RatioInterval.as_dict``; ``overhead_clock`` names the clock), or None where its
-    timing pass was not paired (the baseline itself, torch.compile's points, a sharded
-    run): the only overhead the plan's front is drawn with. ``on_front``: no point ranked
+    timing pass was not paired (the baseline itself, a compiled point stored before compiled
+    runs were paired, a sharded run): the only overhead the plan's front is drawn with. ``on_front``: no point ranked
     before it (by the high end of the overhead's CI, as the recommendation ranks) has a
     lower peak.
     ``predicted_overhead``: for the auto run, the plan's own prediction of its overhead

@@ -414,10 +414,12 @@ def _compare_with_baseline(r: SweepRow, b: SweepRow | None, noise_threshold_pct:
 
 
 def _against_compiled_baseline(rows: list[SweepRow], compiled: Mapping[int, Any], noise_threshold_pct: float) -> None:
-    """A compiled run's step-time overhead is taken against the same compiled model at
-    ``activation_memory_budget`` 1.0 in its group (issue 21: the compiler's own speed-up
-    is not the budget's cost), when the sweep has that run; its text says so. The 1.0 run
-    itself keeps its comparison with the eager baseline."""
+    """A compiled run stored unpaired (before compiled runs were paired with the eager
+    un-checkpointed copy, issue 31) has its step-time overhead taken against the same
+    compiled model at ``activation_memory_budget`` 1.0 in its group (issue 21: the
+    compiler's own speed-up is not the budget's cost), when the sweep has that run; its text
+    says so. The 1.0 run itself keeps its comparison with the eager baseline; a paired
+    compiled run keeps its paired overhead (against the eager step, as every plan's)."""
     refs = {
         _group_key(r.group): r
         for r in rows
@@ -425,7 +427,7 @@ def _against_compiled_baseline(rows: list[SweepRow], compiled: Mapping[int, Any]
     }
     for r in rows:
         ref = refs.get(_group_key(r.group))
-        if r.experiment_id not in compiled or ref is None or ref is r:
+        if r.experiment_id not in compiled or ref is None or ref is r or r.paired_overhead() is not None:
             continue
         interval = ratio_ci(ref.step_times_ms, r.step_times_ms, threshold_pct=noise_threshold_pct)
         interval = between_separate_runs(interval, r.loads, ref.loads)

@@ -88,9 +88,6 @@ class RunContext:
         self.compile_ms: float | None = None
         self.paired: list[dict[str, Any]] = []  # the un-checkpointed copy's timed steps, round by round
         self.pairing_skipped: str | None = None
-        #: A compiled run paired with the eager un-checkpointed copy all the same (``auto``'s
-        #: compiled choice: its overhead compares with the eager plans', issue 31).
-        self.pair_compiled = False
         self.timing_threads: int | None = None  # torch threads of the timing pass (CPU)
         #: The memory timelines kept (:class:`TimelineKeeper`): ``(timeline, is_peak)``.
         self.timelines: list[tuple[Any, bool]] = []
@@ -219,13 +216,14 @@ class RunContext:
 
     def _paired_baseline(self) -> RunContext | None:
         """The un-checkpointed copy this run's timed steps are paired with, or None: for a
-        baseline run, a compiled one (its own baseline is the compiled model at budget
-        1.0, a separate run; unless :attr:`pair_compiled`), ``spec.paired_timing`` off, no timed steps, or a copy that
-        does not fit in memory (then ``pairing_skipped`` says why and the timing is
-        unpaired)."""
+        baseline run, ``spec.paired_timing`` off, no timed steps, or a copy that does not
+        fit in memory (then ``pairing_skipped`` says why and the timing is unpaired). A
+        compiled run is paired with the *eager* un-checkpointed copy: its overhead is
+        against the step the user runs without any of this, on the footing of every eager
+        plan's (``auto``'s compiled choice competes with them, issue 31); the compiler's
+        own speed-up is compile_budget 1.0's overhead."""
         spec, strategy = self.spec, self.strategy
-        compiled_alone = strategy.compiles and not self.pair_compiled
-        if strategy.name == BASELINE or compiled_alone or not spec.paired_timing or not spec.timed_steps:
+        if strategy.name == BASELINE or not spec.paired_timing or not spec.timed_steps:
             return None
         if self.rank is not None:
             self.pairing_skipped = "a sharded run is timed unpaired: its copy would need collectives of its own"

@@ -170,7 +170,6 @@ def run_experiment(
                 gc.collect()
             meter = Meter(dev, spec.memory_limit_bytes, allocator_events=strategy.compiles and dev.type == "cpu")
             run = RunContext(run_spec, strategy, dev, meter, where, on_step, rank=rank)
-            run.pair_compiled = compiled  # against the eager step, as its eager rival was predicted
             summary = _measure(run, build, snapshot_path, ranges)
             kept = run.timelines
         except RunError as exc:

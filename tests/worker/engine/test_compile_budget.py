@@ -83,3 +83,12 @@ def test_a_budget_outside_0_1_is_refused_at_the_field(value):
             spec_dict(checkpoint={"strategy": "compile_budget", "activation_memory_budget": value})
         )
     assert err.value.errors()[0]["loc"][-1] == "activation_memory_budget"
+
+
+def test_a_compiled_run_is_paired_with_the_eager_un_checkpointed_step(runs):
+    """Issue 31: compiled runs stand on the eager plans' footing, each timed step beside a
+    step of the eager un-checkpointed copy, so a plan's front can draw them with the rest."""
+    for budget in (1.0, 0.0):
+        s = runs[budget]
+        assert s["paired_with"] == "none" and len(s["paired_baseline_cpu_ms"]) == len(s["step_times_ms"]) == 3
+        assert s["paired_overhead"] is not None and s["paired_overhead"]["rounds"] == 3

@@ -13,7 +13,7 @@ through the memory pass exactly as a ``compile_budget`` run of the same spec is
 in the run's process, after the eager profile has freed its copy. The fraction is found by
 bisection on a grid of 1/20: the largest whose measured peak fits the budget (the
 partitioner's runtime falls as it may save more). Only the chosen one is timed: paired
-with an un-checkpointed *eager* copy (the run's own pairing), so its overhead compares
+with an un-checkpointed *eager* copy (every run's pairing), so its overhead compares
 with the eager plan's predicted one, both against the step the user runs without
 checkpointing. It is chosen when that interval's upper end is below the eager plan's
 predicted overhead (a difference outside the noise), and then the run compiles.
@@ -285,7 +285,6 @@ def measured_compiled(
         torch.cuda.reset_peak_memory_stats(dev)
     meter = Meter(dev, None, allocator_events=dev.type == "cpu")  # no limit, as the profile step
     run = RunContext(cspec, get_strategy(COMPILE), dev, meter, {"phase": "setup", "step": 0}, None)
-    run.pair_compiled = True
     with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
         with meter.mode():
             run.build(build)
