@@ -6,10 +6,9 @@ alternative that fits the budget.
 Alternatives: ``sequential`` 2..4, ``per_block``, ``selective`` (every 1) under
 ``save_matmuls_and_attention`` and ``save_matmuls``, ``compile_budget`` 1.0 / 0.8 / 0.5 /
 0.1. Every overhead is paired (each timed step beside a step of an eager un-checkpointed
-copy in the same process; median of per-step CPU-time ratios, bootstrap 95% CI); the
-compiled alternatives are measured as ``auto``'s search measures its candidates
-(:func:`ckptlab.worker.engine.blocks.compiled.measured_compiled`: the engine's memory
-pass, then steps paired with the eager copy), so every point stands on one footing.
+copy in the same process; median of per-step CPU-time ratios, bootstrap 95% CI), the
+compiled runs' too (the engine pairs them with the eager copy), so every point stands on
+one footing.
 Memory: exact on eager runs (the live-tensor tracker); the compiled runs' peaks are the
 CPU allocator's (profiler memory events). ``auto`` runs twice per budget: eager only, and
 with ``checkpoint.search_compile`` (``auto+compile``).
@@ -43,9 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from ckptlab.analysis.explain import format_bytes  # noqa: E402
-from ckptlab.analysis.stats import paired_ratio_ci  # noqa: E402
 from ckptlab.spec.experiment import ExperimentSpec  # noqa: E402
-from ckptlab.worker.engine.blocks.compiled import measured_compiled  # noqa: E402
 from ckptlab.worker.engine.run import run_experiment  # noqa: E402
 
 MODEL = {"kind": "transformer", "depth": 4, "d_model": 128, "heads": 4, "seq_len": 256, "vocab_size": 1000}
@@ -93,36 +90,12 @@ def figures(s: dict) -> dict:
     }
 
 
-def compiled_figures(spec_: ExperimentSpec) -> dict:
-    """A compile_budget setting measured as ``auto``'s search measures its candidates: the
-    memory pass as the engine runs it, then timed steps paired with an eager
-    un-checkpointed copy (the footing of every other point here)."""
-    ck = spec_.checkpoint
-    run = measured_compiled(
-        spec_, torch.device("cpu"), None, ck.activation_memory_budget, timed=True, timed_steps=spec_.timed_steps
-    )
-    measured = run.records[spec_.warmup_steps :] or run.records
-    mine = [r["extra"]["cpu_ms"] for r in run.timed]
-    base = [r["extra"]["cpu_ms"] for r in run.paired]
-    o = paired_ratio_ci(base, mine)
-    return {
-        "peak": max(r["peak_allocated_bytes"] for r in measured),
-        "overhead": None if o is None else (o.estimate_pct / 100, o.low_pct / 100, o.high_pct / 100),
-        "cpu_ms": statistics.median(mine),
-    }
-
-
 def one_round(specs: dict[str, ExperimentSpec], order: int) -> dict[str, dict]:
     names = list(specs)
     names = names[order % len(names) :] + names[: order % len(names)]
     out: dict[str, dict] = {}
     for name in names:
         t0 = time.perf_counter()
-        if name.startswith("compile_budget"):
-            out[name] = f = compiled_figures(specs[name])
-            o = f["overhead"]
-            print(f"<!-- {name}: peak {f['peak']} B, {pct(o)} ({time.perf_counter() - t0:.0f} s) -->", flush=True)
-            continue
         s = run_experiment(specs[name]).dump()
         f = figures(s)
         if name.startswith("auto"):
