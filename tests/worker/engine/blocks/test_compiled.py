@@ -157,3 +157,23 @@ def test_other_strategies_ignore_search_compile_and_a_sweep_queues_them_once():
     plan = plan_sweep(base, {"checkpoint.strategy": ["auto", "per_block"]})
     searched = {r.spec.checkpoint.strategy: r.spec.checkpoint.search_compile for r in plan.runs}
     assert searched == {"none": False, "auto": True, "per_block": False}  # the baseline too
+
+
+@pytest.mark.gpu
+def test_on_cuda_a_chosen_fraction_runs_at_the_peak_its_search_measured(monkeypatch):
+    """On CUDA the allocator's readings are absolute: what the candidates and the paired
+    eager copy cached must be gone before the run, which reads its search's peak again."""
+    monkeypatch.setattr(compiled, "GRID", (0.25, 0.5, 0.75, 1.0))
+    monkeypatch.setattr(compiled, "cheaper", lambda overhead, eager: True)
+    body = spec_dict(model=MODEL, batch_size=4, timed_steps=6, device="cuda", verify_gradients=False)
+    peaks = [
+        run_experiment(ExperimentSpec.model_validate({**body, "checkpoint": {"strategy": s}})).peak_allocated_bytes
+        for s in ("none", "per_block")
+    ]
+    budget = sum(peaks) // 2  # on CPU compile 0.5 fits under the midpoint (6.16 against 6.8 MB)
+    body["checkpoint"] = {"strategy": "auto", "budget_bytes": budget, "search_compile": True}
+    s = run_experiment(ExperimentSpec.model_validate(body)).dump()
+    found = s["plan"]["compiled"]
+    assert found["chosen"] and s["compile_ms"] > 0, found
+    assert s["peak_allocated_bytes"] == found["peak_bytes"] <= budget
+    assert s["paired_overhead"] is not None
