@@ -164,11 +164,30 @@ def search_compiled(
     when its interval lies below (:func:`cheaper`). A candidate that runs out of memory
     does not fit (its probe's peak reads :data:`_OUT_OF_MEMORY`).
 
-    Raises:
-        Whatever the compiled run raises (a compile error, out of memory): the run fails
-        as a ``compile_budget`` run of the same spec would.
+    A model torch.compile cannot run (a compile error, anything the compiled run raises
+    but running out of memory) is no candidate: the search ends there, the eager plan runs,
+    and ``why_not`` gives the error's first line. Nothing is raised.
     """
     choice = CompiledChoice(budget_bytes=budget_bytes, eager_overhead=eager_overhead)
+    try:
+        _search(choice, spec, dev, build)
+    except Exception as exc:  # noqa: BLE001 - the eager plan is still there to run
+        line = (str(exc).strip().splitlines() or [""])[0][:200]
+        choice.fraction = choice.peak_bytes = choice.overhead = None
+        choice.why_not = f"torch.compile could not run it: {type(exc).__name__}: {line}"
+    finally:
+        if dev.type == "cuda":  # what the candidates left cached is not the run's
+            gc.collect()
+            torch.cuda.empty_cache()
+    choice.chosen = (
+        choice.peak_bytes is not None and choice.peak_bytes <= budget_bytes and cheaper(choice.overhead, eager_overhead)
+    )
+    return choice
+
+
+def _search(choice: CompiledChoice, spec: ExperimentSpec, dev: torch.device, build: Callable[[], Built] | None) -> None:
+    """:func:`search_compiled`'s bisection and timing, filling in ``choice``."""
+    budget_bytes = choice.budget_bytes
     peaks: dict[float, int] = {}
 
     def fits(k: int) -> bool:
@@ -185,10 +204,10 @@ def search_compiled(
         return peaks[fraction] <= budget_bytes
 
     lo = largest_fitting(fits, len(GRID))
-    if dev.type == "cuda":  # what the candidates cached is not the run's
-        torch.cuda.empty_cache()
     if lo is None:
-        return choice
+        return
+    if dev.type == "cuda":  # what the candidates cached is not the timed one's
+        torch.cuda.empty_cache()
     run = measured_compiled(spec, dev, build, GRID[lo], timed=True)
     choice.fraction, choice.peak_bytes = GRID[lo], _peak(run)
     clock = "step_ms" if dev.type == "cuda" else "cpu_ms"
@@ -203,8 +222,6 @@ def search_compiled(
             "rounds": interval.rounds,
             "clock": "wall time" if clock == "step_ms" else "CPU time",
         }
-    choice.chosen = choice.peak_bytes <= budget_bytes and cheaper(choice.overhead, eager_overhead)
-    return choice
 
 
 def cheaper(overhead: dict[str, Any] | None, eager_overhead: float | None) -> bool:

@@ -118,6 +118,18 @@ def test_a_candidate_out_of_memory_does_not_fit_and_the_eager_plan_keeps_its_pea
     assert s["peak_allocated_bytes"] == s["predicted_peak_bytes"] == s["plan"]["predicted_peak_bytes"] <= BUDGET
 
 
+def test_a_model_torch_compile_cannot_run_keeps_the_eager_plan_and_says_why(monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("BackendCompilerFailed: inductor raised\nwith a traceback")
+
+    monkeypatch.setattr(compiled, "measured_compiled", broken)
+    s = run_experiment(_spec(budget_bytes=BUDGET, search_compile=True)).dump()
+    found = s["plan"]["compiled"]
+    assert not found["chosen"] and found["activation_memory_budget"] is None
+    assert found["why_not"] == "torch.compile could not run it: RuntimeError: BackendCompilerFailed: inductor raised"
+    assert s["memory_source"] == "live tensors" and s["peak_allocated_bytes"] <= BUDGET  # the eager plan ran
+
+
 def test_compiled_dropout_falls_back_to_the_eager_plan_whose_gradients_match(monkeypatch):
     """torch.compile draws other dropout masks: its gradient check differs, so the run keeps
     the eager plan and says why (an MLP with dropout 0.1, whose compiled default partition
