@@ -9,7 +9,8 @@ Step times: each configuration runs once per round, in rotating order. An eager 
 overhead is paired (issue 19: each timed step beside a step of an un-checkpointed copy in
 the same process; the median of the per-step CPU-time ratios); a compiled run's is its
 median step CPU time over ``compile_budget`` 1.0's within the round (its own baseline: the
-compiler's speed-up is not the budget's cost; compiled runs are not paired). The table gives
+compiler's speed-up is not the budget's cost; the engine now pairs compiled runs with the
+eager copy too, which this table does not read). The table gives
 the median over rounds and the range.
 
 Usage: python bench/bench_compile.py [--rounds N]

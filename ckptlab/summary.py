@@ -298,6 +298,18 @@ class RunSummary(BaseModel):
                     values.pop(key, None)
         return cls()
 
+    def compared_load(self) -> HostLoad | None:
+        """``host_load`` as a comparison of separate runs reads it
+        (:func:`ckptlab.analysis.stats.separate_runs_not_comparable`): on CPU, a ``heap_kept``
+        left unset is taken from ``environment["cpu_heap_kept"]``, where runs stored from
+        commit 49f2d4a to aaa0451 recorded it; None where neither says (an older run, or
+        CUDA)."""
+        load = self.host_load
+        if load is None or load.heap_kept is not None or (self.device or "").startswith("cuda"):
+            return load
+        kept = self.environment.get("cpu_heap_kept")
+        return load.model_copy(update={"heap_kept": kept}) if isinstance(kept, bool) else load
+
     def paired_rounds(self) -> tuple[list[float], list[float], str] | None:
         """The per-round times of a paired timing pass, ``(baseline, run, what)`` in ms with
         ``what`` naming the clock (``"CPU time"``, ``"wall time"``), or None

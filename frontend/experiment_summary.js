@@ -8,7 +8,7 @@ import {
 import { CATEGORIES } from './charts.js';
 import { batchText, distributedRows } from './distributed.js';
 import { renderRanks } from './ranks.js';
-import { overheadWords } from './plan_overhead.js';
+import { compiledNotRun, overheadWords } from './plan_overhead.js';
 
 // ------------------------------------------------------------------ rendering
 
@@ -27,9 +27,7 @@ function planText(plan) {
     return `torch.compile at activation memory budget ${c.activation_memory_budget}, measured at ${fmtBytes(c.peak_bytes)} `
       + `(${c.probes.length} budgets tried); measurably cheaper than the eager plan (${eagerPlanText(plan)})`;
   }
-  if (!c) return eagerPlanText(plan);
-  const why = c.why_not || (c.activation_memory_budget === null ? 'none fits the budget' : 'not measurably cheaper');
-  return `${eagerPlanText(plan)}; torch.compile tried (${c.probes.length} budgets): ${why}`;
+  return c ? `${eagerPlanText(plan)}; ${compiledNotRun(c)}` : eagerPlanText(plan);
 }
 
 function eagerPlanText(plan) {

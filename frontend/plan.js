@@ -13,7 +13,7 @@ import { PLOT_CONFIG, baseLayout } from './charts.js';
 import { parseBytes } from './budget.js';
 import { SEPARATE, budgetLine, frontFigure, frontPoints, intervalText, pairedOf, peakAxis, placeLabels, setting, unitOf } from './plan_front.js';
 import { TARGETS, submitPrediction } from './prediction.js';
-import { overheadWords, predictedPct } from './plan_overhead.js';
+import { compiledNotRun, overheadWords, predictedPct } from './plan_overhead.js';
 
 const POLL_MS = 2000;
 let timer = null;
@@ -163,7 +163,8 @@ function blockDiagram(plan, auto) {
       ? `${n} of ${plan.blocks.length} blocks checkpointed (outlined segments are recomputed in backward)${selective.length ? `; selective (matmul/attention outputs kept, "s"): ${selective.map(([b, p]) => `block ${b} ${p}`).join(', ')}` : ''}`
       : 'No block needs checkpointing for this budget.'),
     n ? el('p', { class: 'small', id: 'plan-overhead' }, `Step-time overhead over ${BASELINE}: `,
-      overheadWords(plan, auto && auto.status === STATUS.SUCCEEDED ? auto.paired_overhead : null)) : null);
+      overheadWords(plan, auto && auto.status === STATUS.SUCCEEDED ? auto.paired_overhead : null)) : null,
+    plan.compiled ? el('p', { class: 'muted small', id: 'plan-compiled' }, `${compiledNotRun(plan.compiled)}.`) : null);
 }
 
 /** Predicted and measured peak of the auto run against the budget, each bar with its number. */

@@ -9,6 +9,15 @@ import { intervalText } from './plan_front.js';
 
 const pct = (f) => (Number.isFinite(f) ? 100 * f : null);
 
+/** Why auto's torch.compile search (plan.compiled, checkpoint.search_compile) did not run
+ * the compiler: "torch.compile tried (3 budgets): none fits the budget"; '' when it ran it
+ * or did not search. The experiment and plan pages say it in the same words. */
+export function compiledNotRun(c) {
+  if (!c || c.chosen) return '';
+  const why = c.why_not || (c.activation_memory_budget === null ? 'none fits the budget' : 'not measurably cheaper');
+  return `torch.compile tried (${c.probes.length} budgets): ${why}`;
+}
+
 /** A predicted overhead in % ({estimate_pct, low_pct, high_pct}) from what the planner stores
  * ({estimate, low, high}: fractions) or what GET /api/plans/{id} serves (already in %); null
  * when there is none (a plan made before the blocks were timed apart, or on fake tensors). */

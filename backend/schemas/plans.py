@@ -42,7 +42,8 @@ class PlanCreate(BaseModel):
         max_length=8,
         description=(
             "activation_memory_budget values of the compile_budget points (torch.compile's own budget; "
-            "1.0 is their time baseline); [] leaves torch.compile out"
+            "timed paired with the eager un-checkpointed copy like every point); the auto point then searches "
+            "the compiler's budget too; [] leaves torch.compile out"
         ),
     )
 
@@ -107,7 +108,8 @@ class PlanPointPublic(BaseModel):
     paired_overhead: OverheadPublic | None = Field(
         None,
         description="step-time overhead over the un-checkpointed copy timed round by round in the same process "
-        "(95% CI); null for the baseline and for runs timed unpaired (torch.compile's, sharded ones)",
+        "(95% CI); null for the baseline and for runs timed unpaired (sharded ones, a copy that did not fit, "
+        "torch.compile's stored before they were paired)",
     )
     overhead_clock: str | None = Field(None, description="the clock of the paired rounds: CPU time or wall time")
     predicted_overhead: PredictedOverheadPublic | None = Field(

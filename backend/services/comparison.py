@@ -97,7 +97,9 @@ def compare_with_baseline(
     elif matches:
         pooled = [t for e in matches for t in step_samples(e)]
         interval = ratio_ci(pooled, summary.step_times_ms, threshold_pct=noise_threshold_pct)
-        interval = between_separate_runs(interval, [summary.host_load], [e.run_summary.host_load for e in matches])
+        interval = between_separate_runs(
+            interval, [summary.compared_load()], [e.run_summary.compared_load() for e in matches]
+        )
         words = overhead_words(interval, paired=False)
     else:
         return Comparison(experiment_id=experiment.id, is_baseline=False)

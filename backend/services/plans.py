@@ -5,8 +5,8 @@ A plan is stored as a sweep (its runs, progress, charts and streams are the swee
 base spec with ``checkpoint: {strategy: auto, budget_bytes}``, and the axes
 ``checkpoint.strategy`` (``auto``, ``per_block``, ``sequential``) and
 ``checkpoint.segments`` (powers of two up to the depth, and the depth), and the compiler's
-own budget (``compile_budget`` at each ``checkpoint.activation_memory_budget`` asked for;
-1.0, the default partition, is their time baseline). Strategies that do
+own budget (``compile_budget`` at each ``checkpoint.activation_memory_budget`` asked for,
+paired with the eager copy like every point; ``auto`` then searches it too). Strategies that do
 not read segments are queued once (:func:`ckptlab.spec.sweeps.canonical`); the ``none`` baseline
 is the sweep's own. A sweep is a plan when it holds an ``auto`` run.
 """
@@ -115,8 +115,9 @@ class PlanPoint:
     ``paired_overhead``: its step-time overhead over the un-checkpointed copy it was timed
     with, round by round in its own process (:meth:`SweepRow.paired_overhead`, as
     ``RatioInterval.as_dict``; ``overhead_clock`` names the clock), or None where its
-    timing pass was not paired (the baseline itself, a compiled point stored before compiled
-    runs were paired, a sharded run): the only overhead the plan's front is drawn with. ``on_front``: no point ranked
+    timing pass was not paired (the baseline itself, a sharded run, a copy that did not fit,
+    a compiled point stored before compiled runs were paired): the only overhead the plan's
+    front is drawn with. ``on_front``: no point ranked
     before it (by the high end of the overhead's CI, as the recommendation ranks) has a
     lower peak.
     ``predicted_overhead``: for the auto run, the plan's own prediction of its overhead

@@ -347,7 +347,7 @@ def _row(exp: Experiment, spec: ExperimentSpec | None, paths: list[str], noise_t
         step_times_ms=summary.step_times_ms,
         paired=summary.paired_rounds(),
         paired_interval=paired_overhead_of(summary, threshold_pct=noise_threshold_pct),
-        loads=[summary.host_load],
+        loads=[summary.compared_load()],
         noise_threshold_pct=noise_threshold_pct,
     )
 
@@ -414,12 +414,14 @@ def _compare_with_baseline(r: SweepRow, b: SweepRow | None, noise_threshold_pct:
 
 
 def _against_compiled_baseline(rows: list[SweepRow], compiled: Mapping[int, Any], noise_threshold_pct: float) -> None:
-    """A compiled run stored unpaired (before compiled runs were paired with the eager
-    un-checkpointed copy, issue 31) has its step-time overhead taken against the same
-    compiled model at ``activation_memory_budget`` 1.0 in its group (issue 21: the
-    compiler's own speed-up is not the budget's cost), when the sweep has that run; its text
-    says so. The 1.0 run itself keeps its comparison with the eager baseline; a paired
-    compiled run keeps its paired overhead (against the eager step, as every plan's)."""
+    """Compiled runs stored unpaired (before compiled runs were paired with the eager
+    un-checkpointed copy, issue 31) have their step-time overhead taken against the same
+    compiled model at ``activation_memory_budget`` 1.0 in their group (issue 21: the
+    compiler's own speed-up is not the budget's cost), when the sweep has that run and it
+    is unpaired too; the text says so. The 1.0 run itself keeps its comparison with the
+    eager baseline; a paired compiled run keeps its paired overhead (against the eager
+    step, as every plan's), and one unpaired beside a paired 1.0 (its copy did not fit) is
+    compared with the eager baseline, as any unpaired run."""
     refs = {
         _group_key(r.group): r
         for r in rows
@@ -427,8 +429,10 @@ def _against_compiled_baseline(rows: list[SweepRow], compiled: Mapping[int, Any]
     }
     for r in rows:
         ref = refs.get(_group_key(r.group))
-        if r.experiment_id not in compiled or ref is None or ref is r or r.paired_overhead() is not None:
+        if r.experiment_id not in compiled or ref is None or ref is r:
             continue
+        if r.paired_overhead() is not None or ref.paired_overhead() is not None:
+            continue  # a paired run keeps its paired overhead; one alone unpaired, the eager baseline
         interval = ratio_ci(ref.step_times_ms, r.step_times_ms, threshold_pct=noise_threshold_pct)
         interval = between_separate_runs(interval, r.loads, ref.loads)
         words = overhead_words(interval, paired=False)

@@ -368,15 +368,16 @@ def separate_runs_not_comparable(a: HostLoad | None, b: HostLoad | None) -> str 
     or a difference of as much. A difference of such runs' step times is the host's as much
     as theirs: on this 2-core VM identical work under two busy loops read -35% to +102%
     (issue 31). A run stored before loads were recorded (None) is compared as before. CPU
-    runs of which one kept freed heap memory and the other did not (``heap_kept``; unset:
-    an older run, which did not) are never comparable: page faults alone moved a DenseNet
-    step from 69 to 99 ms (docs/benchmarks.md, bench_heap).
+    runs of which one kept freed heap memory and the other did not (``heap_kept``, read
+    through :meth:`ckptlab.summary.RunSummary.compared_load`; unset on both: CUDA runs, or
+    two older CPU runs, compared as before) are never comparable, sharded ones included:
+    page faults alone moved a DenseNet step from 69 to 99 ms (docs/benchmarks.md, bench_heap).
     """
     if a is None or b is None:
         return None
     loads = f"load averages {a.load_1m:.1f} and {b.load_1m:.1f} on {a.cpus} cores"
-    cpu = a.cpu_share is not None and b.cpu_share is not None
-    if cpu and bool(a.heap_kept) != bool(b.heap_kept):  # None: stored before the heap was kept
+    recorded = a.heap_kept is not None or b.heap_kept is not None  # None: CUDA, or an older CPU run
+    if recorded and bool(a.heap_kept) != bool(b.heap_kept):
         return (
             "separate runs on different CPU heaps: not comparable (one run's heap kept freed memory, "
             "the other's faulted pages in every step)"

@@ -294,7 +294,10 @@ def test_a_plan_that_chose_torch_compile_says_so_on_both_pages(app, tab: Tab) ->
     expect(page.locator("#exp-spec")).to_contain_text("eager plan (blocks 0–3 checkpointed of 8)")
     # a candidate that fitted but was not run says why, and the eager plan is the plan
     why = "its gradients differ from the un-checkpointed model's (torch.compile draws other dropout masks)"
-    _, ids = insert_plan(app.data_dir, budget=110 * MIB, compiled={**compiled, "chosen": False, "why_not": why})
+    plan_id, ids = insert_plan(app.data_dir, budget=110 * MIB, compiled={**compiled, "chosen": False, "why_not": why})
+    page.goto(f"{app.url}/#/plans/{plan_id}")
+    expect(page.locator("#plan-compiled")).to_have_text(f"torch.compile tried (2 budgets): {why}.")
+    expect(page.locator("#plan-blocks-row .segment.checkpointed")).to_have_count(1)  # the eager plan, drawn
     page.goto(f"{app.url}/#/experiments/{ids['strategy=auto segments=2']}")
     expect(page.locator("#exp-spec")).to_contain_text(
         f"blocks 0–3 checkpointed of 8; torch.compile tried (2 budgets): {why}"

@@ -19,21 +19,25 @@ def _experiment(exp_id: int, step_ms: float, **checkpoint) -> Experiment:
     )
 
 
+def _compiled_sweep(paired_01: float | None, paired_10: float | None) -> Sweep:
+    """none at 100 ms, compile_budget 0.1 at 60 ms and 1.0 at 50 ms, each compiled run paired
+    with its eager copy at the given ratio, or stored unpaired (None)."""
+    runs = [
+        _experiment(2, 60.0, strategy="compile_budget", activation_memory_budget=0.1),
+        _experiment(3, 50.0, strategy="compile_budget", activation_memory_budget=1.0),
+    ]
+    runs = [r if ratio is None else _paired(r, ratio) for r, ratio in zip(runs, (paired_01, paired_10), strict=True)]
+    axes = {"checkpoint.strategy": ["compile_budget"], "checkpoint.activation_memory_budget": [0.1, 1.0]}
+    return Sweep(id=1, name="s", axes=axes, experiments=[_experiment(1, 100.0), *runs])
+
+
 def test_a_compiled_run_stored_unpaired_is_timed_against_the_same_compiled_model_at_budget_1():
     """torch.compile at budget 0.1 recomputes: +20% against compile at 1.0, although both
     are faster than the eager baseline; the 1.0 run keeps its comparison with eager (runs
     stored before compiled runs were paired)."""
-    sweep = Sweep(
-        id=1,
-        name="s",
-        axes={"checkpoint.strategy": ["compile_budget"], "checkpoint.activation_memory_budget": [0.1, 1.0]},
-        experiments=[
-            _experiment(1, 100.0),
-            _experiment(2, 60.0, strategy="compile_budget", activation_memory_budget=0.1),
-            _experiment(3, 50.0, strategy="compile_budget", activation_memory_budget=1.0),
-        ],
-    )
-    rows = {r.experiment_id: r for r in sweep_rows(sweep, noise_threshold_pct=10)}
+    rows = {
+        r.experiment_id: r for r in sweep_rows(_compiled_sweep(paired_01=None, paired_10=None), noise_threshold_pct=10)
+    }
     assert 15 < rows[2].metrics["overhead_pct"] < 25
     assert rows[2].overhead_text.endswith("against strategy=compile_budget budget=1.0")
     assert rows[3].metrics["overhead_pct"] < -40  # against none
@@ -59,19 +63,22 @@ def test_a_paired_compiled_run_keeps_its_overhead_against_the_eager_step():
     """A compiled run paired with the eager un-checkpointed copy (issue 31) is on the footing
     of every eager plan: its row is its paired overhead (+8%), not a comparison with the
     compiled model at 1.0 from separate runs (which would read +20%)."""
-    sweep = Sweep(
-        id=1,
-        name="s",
-        axes={"checkpoint.strategy": ["compile_budget"], "checkpoint.activation_memory_budget": [0.1, 1.0]},
-        experiments=[
-            _experiment(1, 100.0),
-            _paired(_experiment(2, 60.0, strategy="compile_budget", activation_memory_budget=0.1), 1.08),
-            _experiment(3, 50.0, strategy="compile_budget", activation_memory_budget=1.0),
-        ],
-    )
-    row = {r.experiment_id: r for r in sweep_rows(sweep, noise_threshold_pct=5)}[2]
+    row = {
+        r.experiment_id: r for r in sweep_rows(_compiled_sweep(paired_01=1.08, paired_10=None), noise_threshold_pct=5)
+    }[2]
     assert 7 < row.metrics["overhead_pct"] < 9
     assert "paired with none in one process" in row.overhead_text and "budget=1.0" not in row.overhead_text
+
+
+def test_a_compiled_run_whose_copy_did_not_fit_is_compared_with_none_beside_a_paired_1_0():
+    """A new compiled 1.0 run is paired; a compiled 0.1 run of the same sweep whose eager copy
+    did not fit is unpaired: it is compared with the eager baseline (-40%), as any unpaired
+    run, not with the paired 1.0 run's step times (+20%, another basis)."""
+    row = {
+        r.experiment_id: r for r in sweep_rows(_compiled_sweep(paired_01=None, paired_10=0.9), noise_threshold_pct=5)
+    }[2]
+    assert -45 < row.metrics["overhead_pct"] < -35
+    assert "budget=1.0" not in row.overhead_text
 
 
 def test_a_paired_run_is_judged_on_its_own_rounds_not_against_a_separate_run():

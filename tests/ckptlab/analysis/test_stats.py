@@ -9,7 +9,7 @@ import pytest
 
 from ckptlab.analysis import stats
 from ckptlab.analysis.stats import NOISE_THRESHOLD_PCT, RatioInterval, describe, ratio_ci
-from ckptlab.summary import HostLoad
+from ckptlab.summary import HostLoad, RunSummary
 
 
 def _noisy(center: float, n: int, seed: int, jitter: float = 0.1) -> list[float]:
@@ -128,8 +128,23 @@ def test_cpu_runs_on_different_heaps_are_never_compared():
         ratio_ci(_noisy(10.0, 30, seed=1), _noisy(14.0, 30, seed=2)), [kept], [older]
     )
     assert not interval.measurable and interval.not_comparable == why
-    cuda = _load(None).model_copy(update={"heap_kept": None})
-    assert stats.separate_runs_not_comparable(cuda, _load(None)) is None  # CUDA runs: no heap to differ
+    # a sharded run has no CPU share (its ranks wait in collectives): the heap still counts
+    sharded = _load(None).model_copy(update={"heap_kept": True})
+    assert stats.separate_runs_not_comparable(sharded, _load(None)) == why
+    assert stats.separate_runs_not_comparable(_load(None), _load(None)) is None  # CUDA, or two older runs
+
+
+def test_a_run_that_stored_its_heap_only_in_its_environment_is_read_as_it_was():
+    """Runs stored before ``host_load.heap_kept`` kept their heap all the same and said so in
+    ``environment.cpu_heap_kept``: a comparison reads that, on CPU only."""
+    stored = {"device": "cpu", "environment": {"cpu_heap_kept": True}, "host_load": _load(0.98).model_dump()}
+    assert RunSummary.load(stored).compared_load().heap_kept is True
+    kept = _load(0.98).model_copy(update={"heap_kept": True})
+    assert stats.separate_runs_not_comparable(RunSummary.load(stored).compared_load(), kept) is None
+    older = {**stored, "environment": {}}
+    assert RunSummary.load(older).compared_load().heap_kept is None
+    cuda = {**stored, "device": "cuda:0"}
+    assert RunSummary.load(cuda).compared_load().heap_kept is None
 
 
 def test_fewer_than_five_rounds_are_never_measurable():

@@ -55,6 +55,7 @@ from ckptlab.spec.experiment import ExperimentSpec
 from ckptlab.strategies import STRATEGIES, get_strategy
 from ckptlab.worker.engine.block_timing import TIMING_ROUNDS
 from ckptlab.worker.engine.context import RunContext
+from ckptlab.worker.measure.hostmem import is_out_of_memory
 from ckptlab.worker.measure.meter import Meter
 from ckptlab.worker.models.base import Built
 
@@ -103,7 +104,11 @@ class CompiledChoice:
         eager_overhead: the eager plan's predicted overhead it was compared with (fraction).
         chosen: whether the run compiles (the upper end of ``overhead`` below
             ``eager_overhead``).
-        why_not: why a fitting candidate was not run after all (its gradients), or None.
+        why_not: why a candidate found was not run when its time does not say (its
+            gradients, its timed build's peak, no paired rounds, no eager prediction, or
+            torch.compile failing), or None.
+        pairing_skipped: why its timed build had no paired rounds (the eager copy did
+            not fit beside it), or None.
     """
 
     budget_bytes: int
@@ -114,6 +119,7 @@ class CompiledChoice:
     eager_overhead: float | None = None
     chosen: bool = False
     why_not: str | None = None
+    pairing_skipped: str | None = None
 
     def run_spec(self, spec: ExperimentSpec) -> ExperimentSpec:
         """``spec`` as the ``compile_budget`` run of the chosen fraction.
@@ -173,16 +179,32 @@ def search_compiled(
         _search(choice, spec, dev, build)
     except Exception as exc:  # noqa: BLE001 - the eager plan is still there to run
         line = (str(exc).strip().splitlines() or [""])[0][:200]
+        oom = isinstance(exc, torch.OutOfMemoryError) or is_out_of_memory(exc)
         choice.fraction = choice.peak_bytes = choice.overhead = None
-        choice.why_not = f"torch.compile could not run it: {type(exc).__name__}: {line}"
+        what = "ran out of memory timing it" if oom else "could not run it"
+        choice.why_not = f"torch.compile {what}: {type(exc).__name__}: {line}"
     finally:
+        torch._dynamo.reset()  # nothing the candidates compiled outlives the search
+        gc.collect()
         if dev.type == "cuda":  # what the candidates left cached is not the run's
-            gc.collect()
             torch.cuda.empty_cache()
-    choice.chosen = (
-        choice.peak_bytes is not None and choice.peak_bytes <= budget_bytes and cheaper(choice.overhead, eager_overhead)
-    )
+    fits = choice.peak_bytes is not None and choice.peak_bytes <= budget_bytes
+    choice.chosen = fits and cheaper(choice.overhead, eager_overhead)
+    if choice.peak_bytes is not None and not choice.chosen and choice.why_not is None:
+        choice.why_not = _not_compared(choice, eager_overhead, fits)
     return choice
+
+
+def _not_compared(choice: CompiledChoice, eager_overhead: float | None, fits: bool) -> str | None:
+    """Why a candidate found fitting was not run when that is not its time (None: it was
+    timed and not measurably cheaper, which the page says on its own)."""
+    if not fits:
+        return f"its timed build peaked at {choice.peak_bytes:,} B, over the budget"
+    if choice.overhead is None:
+        return f"it could not be timed beside the eager copy ({choice.pairing_skipped or 'no paired rounds'})"
+    if eager_overhead is None:
+        return "the eager plan's overhead was not predicted: nothing to beat"
+    return None
 
 
 def _search(choice: CompiledChoice, spec: ExperimentSpec, dev: torch.device, build: Callable[[], Built] | None) -> None:
@@ -196,8 +218,10 @@ def _search(choice: CompiledChoice, spec: ExperimentSpec, dev: torch.device, bui
             try:
                 run = measured_compiled(spec, dev, build, fraction, timed=False)
                 peaks[fraction], compile_ms = _peak(run), run.compile_ms or 0.0
-            except (torch.OutOfMemoryError, MemoryError):  # the simulated one is a MemoryError
-                peaks[fraction], compile_ms = _OUT_OF_MEMORY, 0.0  # it does not fit: the next one may
+            except Exception as exc:  # noqa: BLE001 - out of memory: it does not fit, the next may
+                if not (isinstance(exc, torch.OutOfMemoryError) or is_out_of_memory(exc)):
+                    raise  # (the simulated one is a MemoryError, the host's a RuntimeError)
+                peaks[fraction], compile_ms = _OUT_OF_MEMORY, 0.0
                 if dev.type == "cuda":
                     torch.cuda.empty_cache()
             choice.probes.append(CompiledProbe(fraction, peaks[fraction], compile_ms))
@@ -209,7 +233,7 @@ def _search(choice: CompiledChoice, spec: ExperimentSpec, dev: torch.device, bui
     if dev.type == "cuda":  # what the candidates cached is not the timed one's
         torch.cuda.empty_cache()
     run = measured_compiled(spec, dev, build, GRID[lo], timed=True)
-    choice.fraction, choice.peak_bytes = GRID[lo], _peak(run)
+    choice.fraction, choice.peak_bytes, choice.pairing_skipped = GRID[lo], _peak(run), run.pairing_skipped
     clock = "step_ms" if dev.type == "cuda" else "cpu_ms"
     mine = [r["step_ms"] if clock == "step_ms" else r["extra"]["cpu_ms"] for r in run.timed]
     base = [r["step_ms"] if clock == "step_ms" else r["extra"]["cpu_ms"] for r in run.paired]

@@ -92,7 +92,11 @@ def test_a_chosen_fraction_runs_compiled_at_exactly_the_peak_its_search_measured
     assert s["gradient_verdict"] == "match"
 
 
-def test_a_candidate_out_of_memory_does_not_fit_and_the_eager_plan_keeps_its_peak(monkeypatch):
+@pytest.mark.parametrize(
+    "error",
+    [torch.OutOfMemoryError("CUDA out of memory"), RuntimeError("DefaultCPUAllocator: can't allocate memory")],
+)
+def test_a_candidate_out_of_memory_does_not_fit_and_the_eager_plan_keeps_its_peak(monkeypatch, error):
     """The run's memory limit is the budget: the default partition (8.28 MB) would not fit
     beside it, and a candidate that runs out of memory is one that does not fit, not the
     run's failure. The eager plan, not beaten, runs at its own prediction."""
@@ -100,7 +104,7 @@ def test_a_candidate_out_of_memory_does_not_fit_and_the_eager_plan_keeps_its_pea
 
     def measured(spec, dev, build, fraction, **kw):
         if fraction == 1.0:
-            raise torch.OutOfMemoryError("simulated")
+            raise error
         return real(spec, dev, build, fraction, **kw)
 
     monkeypatch.setattr(compiled, "GRID", (0.5, 1.0))
@@ -116,6 +120,16 @@ def test_a_candidate_out_of_memory_does_not_fit_and_the_eager_plan_keeps_its_pea
     assert not found["chosen"] and s["plan"]["chosen"] == "checkpoints" and "eager_prediction" not in s["plan"]
     assert s["memory_source"] == "live tensors" and s.get("compile_ms") is None  # the eager plan ran
     assert s["peak_allocated_bytes"] == s["predicted_peak_bytes"] == s["plan"]["predicted_peak_bytes"] <= BUDGET
+
+
+def test_without_an_eager_prediction_a_fitting_candidate_is_not_run_and_says_why(monkeypatch):
+    monkeypatch.setattr(compiled, "GRID", (0.5, 1.0))
+    choice = compiled.search_compiled(
+        _spec(budget_bytes=BUDGET), torch.device("cpu"), None, eager_overhead=None, budget_bytes=BUDGET
+    )
+    assert choice.fraction == 0.5 and choice.peak_bytes <= BUDGET
+    assert choice.overhead is not None and not choice.chosen
+    assert choice.why_not == "the eager plan's overhead was not predicted: nothing to beat"
 
 
 def test_a_model_torch_compile_cannot_run_keeps_the_eager_plan_and_says_why(monkeypatch):
