@@ -156,12 +156,9 @@ def run_experiment(
         try:
             dev = resolve_device(device or spec.device)
             check_supported(spec, dev)
-            planned, check = _plan_and_check(spec, strategy, dev, build, rank)
-            # auto's compiled choice (checkpoint.search_compile) runs as that compile_budget run
-            compiled = planned is not None and planned.compiled is not None and planned.compiled.chosen
-            run_spec = planned.compiled.run_spec(spec) if compiled else spec  # type: ignore[union-attr]
-            strategy = get_strategy(run_spec.checkpoint.strategy)
-            ranges = planned.ranges if planned is not None and not compiled else None
+            planned, check, run_spec = _plan_and_check(spec, strategy, dev, build, rank)
+            strategy = get_strategy(run_spec.checkpoint.strategy)  # auto's compiled choice: compile_budget
+            ranges = planned.ranges if planned is not None and run_spec is spec else None
             if strategy.compiles:
                 # What an earlier compiled run of this process left (dynamo's caches, their
                 # buffers) is freed now, not inside this run's allocator readings: freed
@@ -222,8 +219,9 @@ def _plan_and_check(
     dev: torch.device,
     build: Callable[[], Built] | None,
     rank: Sharding | None,
-) -> tuple[BudgetPlan | None, dict]:
-    """Strategy ``auto``'s plan and the gradient check, before the measured run. A sharded
+) -> tuple[BudgetPlan | None, dict, ExperimentSpec]:
+    """Strategy ``auto``'s plan, the gradient check and the spec the run runs (``spec``, or
+    the ``compile_budget`` spec of ``auto``'s compiled choice), before the measured run. A sharded
     run plans and checks on rank 0 only and shares the plan (one plan for every rank). With
     ``checkpoint.search_compile``, the compiled candidate is searched once the eager plan
     checkpoints something (:func:`ckptlab.worker.engine.blocks.compiled.search_compiled`),
@@ -245,8 +243,9 @@ def _plan_and_check(
         planned.compiled.why_not = (  # type: ignore[union-attr]
             "its gradients differ from the un-checkpointed model's (torch.compile draws other dropout masks)"
         )
+        checked = spec
         check = verify_gradients(spec, dev, build, planned.ranges)  # type: ignore[union-attr]
-    return planned, check
+    return planned, check, checked
 
 
 def conclude(

@@ -18,7 +18,6 @@ from ckptlab.spec.experiment import ExperimentSpec
 from ckptlab.strategies import BASELINE
 from ckptlab.summary import RunSummary
 from ckptlab.worker.engine.training import environment
-from ckptlab.worker.measure.heap import keep_freed_heap
 from ckptlab.worker.measure.meter import Meter, growth_per_step
 
 __all__ = ["SummaryContext", "finite_or_none", "summarize"]
@@ -133,7 +132,7 @@ def _device(run: SummaryContext) -> dict[str, Any]:
         "torch_version": torch.__version__,
     }
     if hasattr(os, "getloadavg"):  # what the step times were taken beside (not on Windows)
-        out["host_load"] = _host_load(run)
+        out["host_load"] = _host_load(run, heap_kept=env["cpu_heap_kept"])
     if run.meter.cuda:
         out["reserved_bytes"] = max(r["reserved_bytes"] for r in run.records)
         used = [r["extra"]["nvml_used_bytes"] for r in run.records if r["extra"]["nvml_used_bytes"] is not None]
@@ -141,12 +140,12 @@ def _device(run: SummaryContext) -> dict[str, Any]:
     return out
 
 
-def _host_load(run: SummaryContext) -> dict[str, Any]:
+def _host_load(run: SummaryContext, *, heap_kept: bool) -> dict[str, Any]:
     """The host's load as the timing pass ended (:class:`ckptlab.summary.HostLoad`): the
     1-minute load average, and on CPU the share of its threads' time the timed steps got
     (their CPU time over wall time x threads: about 1 on a quiet host, 2/3 for one thread
     beside two busy loops on 2 cores) and whether the heap kept freed memory
-    (:func:`ckptlab.worker.measure.heap.keep_freed_heap`, already set: its cached answer)."""
+    (``heap_kept``: the run's ``environment["cpu_heap_kept"]``)."""
     threads = run.timing_threads if not run.meter.cuda and run.timing_threads else 1
     out: dict[str, Any] = {"load_1m": os.getloadavg()[0], "cpus": os.cpu_count() or 1, "threads": threads}
     timed = [r for r in run.timed if "cpu_ms" in (r.get("extra") or {})]
@@ -154,7 +153,7 @@ def _host_load(run: SummaryContext) -> dict[str, Any]:
     if timed and wall > 0 and not run.meter.cuda:
         out["cpu_share"] = sum(r["extra"]["cpu_ms"] for r in timed) / (wall * threads)
     if not run.meter.cuda:  # page faults or none: CPU step times differ by that alone
-        out["heap_kept"] = keep_freed_heap()
+        out["heap_kept"] = heap_kept
     return out
 
 
