@@ -4,11 +4,13 @@ factory and the migrations, for SQLite (default) and PostgreSQL."""
 from __future__ import annotations
 
 import json
+from contextlib import AbstractContextManager, nullcontext
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import orjson
+from filelock import FileLock
 from sqlalchemy import ColumnElement, Engine, Executable, create_engine, event, func, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
@@ -85,17 +87,29 @@ def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
 def migrate(engine: Engine) -> None:
     """Upgrade the database behind ``engine`` to the newest Alembic revision.
 
-    Idempotent; the same migrations serve SQLite and PostgreSQL. On PostgreSQL a
-    transaction-scoped advisory lock serialises workers on many hosts that start at once.
+    Idempotent; the same migrations serve SQLite and PostgreSQL. Processes that start at
+    once are serialised: on PostgreSQL by a transaction-scoped advisory lock (workers on many
+    hosts), on an SQLite file by a lock file beside it (``<file>.migrate.lock``,
+    ``filelock``): SQLite's deferred transaction lets two processes both read "no revision"
+    and the second's ``CREATE TABLE`` fail ("table experiments already exists": a backend
+    and a worker started together on a fresh file, seen in CI).
     """
     from alembic import command
 
     cfg = _alembic_config()
-    with engine.begin() as conn:
+    with _sqlite_file_lock(engine), engine.begin() as conn:
         if conn.dialect.name == "postgresql":
             conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _MIGRATION_LOCK_KEY})
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, "head")
+
+
+def _sqlite_file_lock(engine: Engine) -> AbstractContextManager[Any]:
+    """An exclusive lock on ``<database file>.migrate.lock`` for an SQLite file, else nothing."""
+    database = engine.url.database
+    if engine.dialect.name != "sqlite" or not database or database == ":memory:":
+        return nullcontext()
+    return FileLock(f"{database}.migrate.lock")
 
 
 def _alembic_config():
