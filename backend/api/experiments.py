@@ -368,8 +368,10 @@ async def experiment_events(experiment_id: ExperimentId, stream: streams.StreamD
     summary="Download the CUDA memory snapshot",
 )
 def download_snapshot(session: SessionDep, experiment_id: ExperimentId) -> FileResponse:
-    """The ``torch.cuda.memory._dump_snapshot`` pickle recorded for an experiment run with
-    ``memory_snapshot: true`` on CUDA; open it at pytorch.org/memory_viz. 404 when none."""
+    """The CUDA allocator snapshot (``torch.cuda.memory._snapshot``, pickled) recorded for an
+    experiment run with ``memory_snapshot: true`` on CUDA: the step its memory timeline keeps
+    as the peak step (the whole run where no timeline is recorded); open it at
+    pytorch.org/memory_viz. 404 when none."""
     exp = _get_or_404(session, experiment_id)
     if not exp.snapshot_path or not Path(exp.snapshot_path).is_file():
         raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"experiment {experiment_id} has no memory snapshot")

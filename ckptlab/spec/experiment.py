@@ -239,7 +239,8 @@ class ExperimentSpec(_Strict):
         verify_gradients: also run the first step without checkpointing from the same
             weights, data and RNG seed and record the gradient difference (default True).
         memory_snapshot: on CUDA, record ``torch.cuda.memory._record_memory_history`` and
-            keep a snapshot for pytorch.org/memory_viz (default False).
+            keep a snapshot for pytorch.org/memory_viz: of the memory timeline's peak step,
+            or of the whole run where no timeline is recorded (default False).
         timeout_s: kill the run after this many seconds (default: the worker's setting).
         distributed: ranks and sharding (see :class:`DistributedSpec`; default one process).
 

@@ -91,6 +91,7 @@ class RunContext:
         self.timing_threads: int | None = None  # torch threads of the timing pass (CPU)
         #: The memory timelines kept (:class:`TimelineKeeper`): ``(timeline, is_peak)``.
         self.timelines: list[tuple[Any, bool]] = []
+        self.peak_snapshot: bytes | None = None  #: CUDA, memory_snapshot: TimelineKeeper.peak_snapshot
         self._build: Callable[[], Built] | None = None
 
     def build(self, build: Callable[[], Built] | None, ranges: list[tuple[int, int]] | None = None) -> None:
@@ -168,6 +169,7 @@ class RunContext:
             if spec.memory_early_stop and memory_is_flat(self.records, spec.warmup_steps):
                 break  # every further step would read the same bytes
         self.timelines = keeper.kept() if keeper is not None else []
+        self.peak_snapshot = keeper.peak_snapshot() if keeper is not None else None
 
     def timed_pass(self) -> None:
         """``spec.timed_steps`` steps numbered on from the memory pass.

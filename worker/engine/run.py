@@ -34,6 +34,7 @@ import copy
 import gc
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -47,6 +48,7 @@ from ckptlab.worker.engine.blocks.compiled import search_compiled
 from ckptlab.worker.engine.context import RunContext, Sharding, StepCallback
 from ckptlab.worker.engine.gradcheck import verify_gradients
 from ckptlab.worker.engine.summarize import finite_or_none, summarize
+from ckptlab.worker.engine.timeline import SNAPSHOT_MAX_ENTRIES, TimelineKeeper
 from ckptlab.worker.engine.training import check_supported, environment, resolve_device
 from ckptlab.worker.errors import RunError, RunOutOfMemory
 from ckptlab.worker.measure.heap import keep_freed_heap
@@ -92,7 +94,10 @@ def run_experiment(
             Default: None.
         device: overrides ``spec.device`` (e.g. the worker slot's ``cuda:1``). Default: None.
         snapshot_path: where to write the CUDA memory snapshot when ``spec.memory_snapshot``
-            is set (a pickle that pytorch.org/memory_viz opens). Default: None.
+            is set (a pickle that pytorch.org/memory_viz opens): the allocator history of
+            the step the memory timeline keeps as the peak step, or of the whole run where
+            no timeline is recorded (a compiled run, ``record_timeline`` off, a rank).
+            Default: None.
         model: a model already built (``ckptlab.profile``'s model in hand): the engine and
             the gradient check train deep copies of it instead of building ``spec.model``
             (whose ``depth`` must be its number of blocks). Default: None.
@@ -287,13 +292,15 @@ def _measure(
     """Set the device up, run the memory pass and the timed pass, put the device back and
     summarize (see the module docstring)."""
     spec, dev, meter = run.spec, run.dev, run.meter
+    # with a timeline, the snapshot is of its peak step (TimelineKeeper); else the whole run's
+    whole_run = spec.memory_snapshot and not TimelineKeeper.records(run, one_process=run.rank is None)
     if meter.cuda:
         if spec.memory_limit_bytes is not None:
             total = torch.cuda.get_device_properties(dev).total_memory
             torch.cuda.set_per_process_memory_fraction(min(1.0, spec.memory_limit_bytes / total), dev)
         torch.cuda.reset_peak_memory_stats(dev)
-        if spec.memory_snapshot:
-            torch.cuda.memory._record_memory_history(max_entries=200_000)
+        if whole_run:
+            torch.cuda.memory._record_memory_history(max_entries=SNAPSHOT_MAX_ENTRIES)
     elif spec.memory_snapshot:
         warnings.warn("memory_snapshot needs CUDA; no snapshot recorded on CPU", stacklevel=2)
     try:
@@ -307,10 +314,12 @@ def _measure(
             run.timed_pass()
     finally:
         if meter.cuda:
-            if spec.memory_snapshot and snapshot_path:
+            if whole_run and snapshot_path:
                 torch.cuda.memory._dump_snapshot(snapshot_path)
-            if spec.memory_snapshot:
+            if whole_run:
                 torch.cuda.memory._record_memory_history(enabled=None)
+            elif run.peak_snapshot is not None and snapshot_path:
+                Path(snapshot_path).write_bytes(run.peak_snapshot)
             if spec.memory_limit_bytes is not None:
                 torch.cuda.set_per_process_memory_fraction(1.0, dev)
     summary = summarize(run)

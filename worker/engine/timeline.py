@@ -28,6 +28,11 @@ run's own readings stay the allocator's; the timeline's maximum reads them to wi
 the allocator makes inside the step that is no tensor's (a workspace's first use) and the
 rounding of blocks it splits.
 
+A CUDA run with ``memory_snapshot`` also records the allocator's own history
+(``torch.cuda.memory._record_memory_history``) for each recorded step, and keeps the
+snapshot of the step whose timeline it keeps as the peak step (:meth:`TimelineKeeper.peak_snapshot`):
+the pickle pytorch.org/memory_viz opens shows the same step as the timeline.
+
 A prediction (:mod:`ckptlab.worker.predict`) records its memory pass on fake tensors the
 same way: on target ``cpu`` its timelines are the real run's, event for event.
 """
@@ -35,6 +40,7 @@ same way: on target ``cpu`` its timelines are the real run's, event for event.
 from __future__ import annotations
 
 import contextlib
+import pickle
 from collections.abc import Iterator
 from typing import Any, Protocol
 
@@ -55,7 +61,10 @@ from ckptlab.worker.measure.recorded_step import RecordedStep
 from ckptlab.worker.measure.timeline import TimelineRecorder
 from ckptlab.worker.models.base import Built, WrappedModel
 
-__all__ = ["TimelineContext", "TimelineKeeper", "module_names"]
+__all__ = ["AllocatorHistory", "StepSnapshots", "TimelineContext", "TimelineKeeper", "module_names"]
+
+#: Allocator events kept per recorded step (``max_entries`` of ``_record_memory_history``)
+SNAPSHOT_MAX_ENTRIES = 200_000
 
 
 class TimelineContext(Protocol):
@@ -68,6 +77,46 @@ class TimelineContext(Protocol):
     params: list[nn.Parameter]
     opt: torch.optim.Optimizer
     where: dict[str, Any]
+
+
+class StepSnapshots(Protocol):
+    """What records one step's allocator history (:class:`AllocatorHistory` on CUDA)."""
+
+    def start(self) -> None:
+        """Begin a step's history, forgetting what came before."""
+
+    def take(self) -> bytes:
+        """Stop recording; the step's snapshot, pickled."""
+
+
+class AllocatorHistory:
+    """One step's CUDA allocator history for pytorch.org/memory_viz:
+    ``torch.cuda.memory._record_memory_history(clear_history=True)`` before the step, then
+    ``torch.cuda.memory._snapshot()`` (what ``_dump_snapshot`` pickles: the segments alive
+    and the step's allocation and free events, with their stack traces), recording then
+    switched off (PyTorch docs, "Understanding CUDA Memory Usage").
+
+    Args:
+        max_entries: allocator events kept (the step's last ones past that).
+    """
+
+    def __init__(self, max_entries: int = SNAPSHOT_MAX_ENTRIES):
+        self.max_entries = max_entries
+
+    def start(self) -> None:
+        torch.cuda.memory._record_memory_history(enabled="all", max_entries=self.max_entries, clear_history=True)
+
+    def take(self) -> bytes:
+        try:
+            return pickle.dumps(torch.cuda.memory._snapshot())
+        finally:
+            torch.cuda.memory._record_memory_history(enabled=None)
+
+
+def step_snapshots(run: TimelineContext) -> StepSnapshots | None:
+    """The allocator history to record with each recorded step: on CUDA when the spec asks
+    for ``memory_snapshot``, else None."""
+    return AllocatorHistory() if run.spec.memory_snapshot and run.meter.cuda else None
 
 
 def module_names(root: nn.Module) -> tuple[dict[nn.Module, str], dict[nn.Module, int], list[str]]:
@@ -175,6 +224,17 @@ class TimelineKeeper:
         self._highest: dict[bool, int] = {}
         #: the last step's peak went above every step before it: record the next one
         self._moved = False
+        #: per recorded step still kept (first or highest), its allocator snapshot (CUDA,
+        #: ``memory_snapshot``)
+        self.snapshots = step_snapshots(run)
+        self._snapshot_of: dict[int, bytes] = {}
+        self._last_snapshot: bytes | None = None
+
+    @staticmethod
+    def records(run: TimelineContext, *, one_process: bool) -> bool:
+        """Whether :meth:`for_run` gives ``run`` a keeper (see there)."""
+        cuda = run.meter.cuda and not run.strategy.compiles  # compiled kernels allocate unseen
+        return one_process and (run.meter.exact or cuda) and get_settings().record_timeline
 
     @classmethod
     def for_run(cls, run: TimelineContext, *, one_process: bool) -> TimelineKeeper | None:
@@ -185,10 +245,7 @@ class TimelineKeeper:
         prediction's run on fake tensors is recorded as a real one is: the same tracker
         counts its tensors' bytes (on a CUDA target rounded as the allocator rounds them;
         the prediction's modelled terms, such as the cuBLAS workspaces, are not events)."""
-        cuda = run.meter.cuda and not run.strategy.compiles  # compiled kernels allocate unseen
-        if not (one_process and (run.meter.exact or cuda) and get_settings().record_timeline):
-            return None
-        return cls(run)
+        return cls(run) if cls.records(run, one_process=one_process) else None
 
     def wants(self, step: int) -> bool:
         """Whether to record step ``step`` (1-based): the first step, the first after the
@@ -199,8 +256,10 @@ class TimelineKeeper:
     @contextlib.contextmanager
     def recording(self, step: int) -> Iterator[None]:
         """Record step ``step`` (:attr:`last` afterwards, for :meth:`keep`)."""
-        rec, meter, shadow = self.recorder, self.run.meter, self.shadow
-        self.last = None
+        rec, meter, shadow, snapshots = self.recorder, self.run.meter, self.shadow, self.snapshots
+        self.last, self._last_snapshot = None, None
+        if snapshots is not None:
+            snapshots.start()
         if shadow is not None:
             self._track_resident(shadow)
             shadow.__enter__()
@@ -217,6 +276,8 @@ class TimelineKeeper:
             if shadow is not None:
                 meter.shadow = None
                 shadow.__exit__(None, None, None)
+            if snapshots is not None:
+                self._last_snapshot = snapshots.take()
         if not self._state_named:  # the optimizer makes its state in its first step
             self._name_optimizer_state()
         self.last = (step, rec.stop())
@@ -279,7 +340,7 @@ class TimelineKeeper:
         if self.last is None:
             return
         step, recorded = self.last
-        self.last = None
+        snapshot, self.last, self._last_snapshot = self._last_snapshot, None, None
         classes = [
             c for c in ((False, True) if measured else (False,)) if c not in self._best or peak > self._best[c][0]
         ]
@@ -290,6 +351,18 @@ class TimelineKeeper:
             self._first = tl
         for cls in classes:
             self._best[cls] = (peak, tl)
+        if snapshot is not None:
+            self._snapshot_of[step] = snapshot
+            kept = {t.step for t in (self._first, *(b[1] for b in self._best.values())) if t is not None}
+            self._snapshot_of = {s: b for s, b in self._snapshot_of.items() if s in kept}
+
+    def peak_snapshot(self) -> bytes | None:
+        """The allocator snapshot (pickled, pytorch.org/memory_viz) of the step :meth:`kept`
+        gives as the peak step, or of the first step when that is the only one kept; None
+        when no snapshot was recorded (not CUDA, no ``memory_snapshot``)."""
+        kept = self.kept()
+        chosen = next((tl for tl, is_peak in kept if is_peak), kept[-1][0] if kept else None)
+        return None if chosen is None else self._snapshot_of.get(chosen.step)
 
     def kept(self) -> list[tuple[StepTimeline, bool]]:
         """``(timeline, is_peak)`` of the first step and of the highest recorded step (once

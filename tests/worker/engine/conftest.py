@@ -1,4 +1,4 @@
-"""Fixtures of the engine's tests: a model plugin whose memory grows every step."""
+"""Fixtures of the engine's tests: model plugins whose memory grows every step, or jumps at chosen steps."""
 
 from __future__ import annotations
 
@@ -45,3 +45,37 @@ def factory(depth=2):
 def leaky_model(tmp_path, monkeypatch):
     yield install_model_plugin(tmp_path, monkeypatch, name="leaky", module="ckptlab_leaky_plugin", source=LEAKY)
     sys.modules.pop("ckptlab_leaky_plugin", None)
+
+
+#: A model whose forwards numbered in ``high`` ("3,5"; default: the fifth) hold 4 MiB more for a
+#: moment: a peak only late steps reach.
+LATE_PEAK = """
+import torch
+from torch import nn
+
+
+class LatePeak(nn.Module):
+    def __init__(self, blocks, high):
+        super().__init__()
+        self.blocks, self.calls, self.high = blocks, 0, {int(c) for c in high.split(",")}
+
+    def forward(self, x):
+        self.calls += 1
+        if self.calls in self.high:
+            x = x + torch.ones(1024, 1024).sum() * 0
+        for b in self.blocks:
+            x = b(x)
+        return x
+
+
+def factory(depth=2, high="5"):
+    blocks = nn.ModuleList(nn.Linear(16, 16) for _ in range(depth))
+    batch = lambda n, gen: (torch.randn(n, 16, generator=gen), torch.randn(n, 16, generator=gen))  # noqa: E731
+    return LatePeak(blocks, high), blocks, batch
+"""
+
+
+@pytest.fixture
+def late_peak_model(tmp_path, monkeypatch):
+    yield install_model_plugin(tmp_path, monkeypatch, name="late-peak", module="ckptlab_late_peak", source=LATE_PEAK)
+    sys.modules.pop("ckptlab_late_peak", None)

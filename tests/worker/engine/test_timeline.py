@@ -141,40 +141,6 @@ def test_a_memory_that_moves_records_the_step_after_each_move(monkeypatch, leaky
     assert peak_tl.step == 6 and peak_tl.peak()[0] == summary.peak_allocated_bytes
 
 
-#: A model whose forwards numbered in ``high`` ("3,5"; default: the fifth) hold 4 MiB more for a
-#: moment: a peak only late steps reach.
-LATE_PEAK = """
-import torch
-from torch import nn
-
-
-class LatePeak(nn.Module):
-    def __init__(self, blocks, high):
-        super().__init__()
-        self.blocks, self.calls, self.high = blocks, 0, {int(c) for c in high.split(",")}
-
-    def forward(self, x):
-        self.calls += 1
-        if self.calls in self.high:
-            x = x + torch.ones(1024, 1024).sum() * 0
-        for b in self.blocks:
-            x = b(x)
-        return x
-
-
-def factory(depth=2, high="5"):
-    blocks = nn.ModuleList(nn.Linear(16, 16) for _ in range(depth))
-    batch = lambda n, gen: (torch.randn(n, 16, generator=gen), torch.randn(n, 16, generator=gen))  # noqa: E731
-    return LatePeak(blocks, high), blocks, batch
-"""
-
-
-@pytest.fixture
-def late_peak_model(tmp_path, monkeypatch):
-    yield install_model_plugin(tmp_path, monkeypatch, name="late-peak", module="ckptlab_late_peak", source=LATE_PEAK)
-    sys.modules.pop("ckptlab_late_peak", None)
-
-
 def test_a_peak_only_the_last_unrecorded_step_reaches_is_not_claimed(monkeypatch, late_peak_model):
     # flat steps 2 to 4 are not recorded after step 2; step 5 jumps and is the pass's last:
     # the highest recorded step is kept, but not marked the run's peak
@@ -300,9 +266,7 @@ def factory(depth=3, width=64):
 
 @pytest.fixture
 def carrying_model(tmp_path, monkeypatch):
-    import sys
 
-    from tests.support import install_model_plugin
 
     yield install_model_plugin(
         tmp_path, monkeypatch, name="carrying", module="ckptlab_carrying_plugin", source=CARRYING
