@@ -82,11 +82,13 @@ MAX_PROBES = 7
 @dataclass(frozen=True)
 class CompiledProbe:
     """One fraction tried: its measured peak (bytes, the memory pass's maximum after
-    warm-up, as the run's summary reads it) and its compile time (ms)."""
+    warm-up, as the run's summary reads it; None when it ran out of memory, then
+    ``out_of_memory``) and its compile time (ms; 0 when out of memory)."""
 
     fraction: float
-    peak_bytes: int
+    peak_bytes: int | None
     compile_ms: float
+    out_of_memory: bool = False
 
 
 @dataclass
@@ -142,7 +144,12 @@ class CompiledChoice:
             "chosen": self.chosen,
             "why_not": self.why_not,
             "probes": [
-                {"activation_memory_budget": p.fraction, "peak_bytes": p.peak_bytes, "compile_ms": p.compile_ms}
+                {
+                    "activation_memory_budget": p.fraction,
+                    "peak_bytes": p.peak_bytes,
+                    "compile_ms": p.compile_ms,
+                    "out_of_memory": p.out_of_memory,
+                }
                 for p in self.probes
             ],
         }
@@ -168,7 +175,7 @@ def search_compiled(
     ``budget_bytes``, time it paired against the eager un-checkpointed step, and choose it
     over the eager plan (predicted overhead ``eager_overhead``, a fraction; None: not timed)
     when its interval lies below (:func:`cheaper`). A candidate that runs out of memory
-    does not fit (its probe's peak reads :data:`_OUT_OF_MEMORY`).
+    does not fit (its probe says ``out_of_memory``, with no peak).
 
     A model torch.compile cannot run (a compile error, anything the compiled run raises
     but running out of memory) is no candidate: the search ends there, the eager plan runs,
@@ -210,7 +217,7 @@ def _not_compared(choice: CompiledChoice, eager_overhead: float | None, fits: bo
 def _search(choice: CompiledChoice, spec: ExperimentSpec, dev: torch.device, build: Callable[[], Built] | None) -> None:
     """:func:`search_compiled`'s bisection and timing, filling in ``choice``."""
     budget_bytes = choice.budget_bytes
-    peaks: dict[float, int] = {}
+    peaks: dict[float, int | None] = {}  # None: out of memory
 
     def fits(k: int) -> bool:
         fraction = GRID[k]
@@ -221,11 +228,12 @@ def _search(choice: CompiledChoice, spec: ExperimentSpec, dev: torch.device, bui
             except Exception as exc:  # noqa: BLE001 - out of memory: it does not fit, the next may
                 if not (isinstance(exc, torch.OutOfMemoryError) or is_out_of_memory(exc)):
                     raise  # (the simulated one is a MemoryError, the host's a RuntimeError)
-                peaks[fraction], compile_ms = _OUT_OF_MEMORY, 0.0
+                peaks[fraction], compile_ms = None, 0.0
                 if dev.type == "cuda":
                     torch.cuda.empty_cache()
-            choice.probes.append(CompiledProbe(fraction, peaks[fraction], compile_ms))
-        return peaks[fraction] <= budget_bytes
+            choice.probes.append(CompiledProbe(fraction, peaks[fraction], compile_ms, peaks[fraction] is None))
+        peak = peaks[fraction]
+        return peak is not None and peak <= budget_bytes
 
     lo = largest_fitting(fits, len(GRID))
     if lo is None:
@@ -281,10 +289,6 @@ def largest_fitting(fits: Callable[[int], bool], n: int, max_probes: int = MAX_P
         else:
             hi = mid - 1
     return lo if lo >= 0 else None
-
-
-#: A probe's peak when it ran out of memory (bytes): above any budget.
-_OUT_OF_MEMORY = 2**62
 
 
 def _peak(run: RunContext) -> int:
