@@ -250,7 +250,8 @@ class RunSummary(BaseModel):
             "block profiles, selective_policies (what the search could choose beside keep and recompute); "
             "recompute_ms (ms) for programs. With checkpoint.search_compile: compiled (the torch.compile "
             "candidate: activation_memory_budget, peak_bytes, predicted_overhead measured paired in the search, "
-            "eager_overhead, chosen, why_not, probes) and chosen ('compile_budget' or 'checkpoints'); when "
+            "eager_overhead, chosen, why_not, probes: each fraction tried with its peak_bytes, null when "
+            "out_of_memory, and compile_ms) and chosen ('compile_budget' or 'checkpoints'); when "
             "compiled, predicted_peak_bytes and predicted_overhead are the candidate's, eager_prediction keeps the "
             "eager plan's, and segments, front and alternatives stay the eager plan's"
         ),

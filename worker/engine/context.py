@@ -147,14 +147,14 @@ class RunContext:
         if self.on_step is not None:
             self.on_step(record)
 
-    def memory_pass(self) -> None:
+    def memory_pass(self, snapshots: bool = False) -> None:
         """Up to ``spec.steps`` instrumented steps; stops early when memory is flat. A run of
         one process (on CPU or CUDA, not compiled; or a prediction's, on fake tensors) records
         the memory timeline of the steps :class:`TimelineKeeper` wants and keeps its first and
-        peak steps' (:attr:`timelines`)."""
+        peak steps' (:attr:`timelines`; ``snapshots``: the peak step's CUDA allocator history)."""
         spec = self.spec
         times = StepTimes(skip=spec.warmup_steps)  # the progress estimate's step time
-        keeper = TimelineKeeper.for_run(self, one_process=self.rank is None)
+        keeper = TimelineKeeper.for_run(self, one_process=self.rank is None, snapshots=snapshots)
         for step in range(1, spec.steps + 1):
             self.where["step"] = step
             with keeper.recording(step) if keeper is not None and keeper.wants(step) else contextlib.nullcontext():

@@ -96,8 +96,8 @@ def run_experiment(
         snapshot_path: where to write the CUDA memory snapshot when ``spec.memory_snapshot``
             is set (a pickle that pytorch.org/memory_viz opens): the allocator history of
             the step the memory timeline keeps as the peak step, or of the whole run where
-            no timeline is recorded (a compiled run, ``record_timeline`` off, a rank).
-            Default: None.
+            no timeline is recorded (a compiled run, ``record_timeline`` off). None (a
+            sharded run's ranks): no history is recorded. Default: None.
         model: a model already built (``ckptlab.profile``'s model in hand): the engine and
             the gradient check train deep copies of it instead of building ``spec.model``
             (whose ``depth`` must be its number of blocks). Default: None.
@@ -293,7 +293,8 @@ def _measure(
     summarize (see the module docstring)."""
     spec, dev, meter = run.spec, run.dev, run.meter
     # with a timeline, the snapshot is of its peak step (TimelineKeeper); else the whole run's
-    whole_run = spec.memory_snapshot and not TimelineKeeper.records(run, one_process=run.rank is None)
+    wanted = bool(spec.memory_snapshot and snapshot_path)  # (a rank is given no path)
+    whole_run = wanted and not TimelineKeeper.records(run, one_process=run.rank is None)
     if meter.cuda:
         if spec.memory_limit_bytes is not None:
             total = torch.cuda.get_device_properties(dev).total_memory
@@ -306,7 +307,7 @@ def _measure(
     try:
         with meter.mode():
             run.build(build, ranges)
-            run.memory_pass()
+            run.memory_pass(snapshots=wanted)
             if meter.cuda:  # the allocator's statistics cost nothing: timed steps keep their readings
                 run.timed_pass()
         if not meter.cuda:  # on CPU the timed pass runs with the tracker off (no dispatch mode)
@@ -314,15 +315,14 @@ def _measure(
             run.timed_pass()
     finally:
         if meter.cuda:
-            if whole_run and snapshot_path:
-                torch.cuda.memory._dump_snapshot(snapshot_path)
             if whole_run:
+                torch.cuda.memory._dump_snapshot(snapshot_path)
                 torch.cuda.memory._record_memory_history(enabled=None)
-            elif run.peak_snapshot is not None and snapshot_path:
-                Path(snapshot_path).write_bytes(run.peak_snapshot)
+            elif run.peak_snapshot is not None:
+                Path(snapshot_path).write_bytes(run.peak_snapshot)  # type: ignore[arg-type]
             if spec.memory_limit_bytes is not None:
                 torch.cuda.set_per_process_memory_fraction(1.0, dev)
     summary = summarize(run)
-    if meter.cuda and spec.memory_snapshot and snapshot_path:
+    if meter.cuda and wanted and Path(snapshot_path).is_file():  # type: ignore[arg-type]
         summary.snapshot_path = snapshot_path
     return summary

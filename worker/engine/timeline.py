@@ -28,10 +28,11 @@ run's own readings stay the allocator's; the timeline's maximum reads them to wi
 the allocator makes inside the step that is no tensor's (a workspace's first use) and the
 rounding of blocks it splits.
 
-A CUDA run with ``memory_snapshot`` also records the allocator's own history
-(``torch.cuda.memory._record_memory_history``) for each recorded step, and keeps the
-snapshot of the step whose timeline it keeps as the peak step (:meth:`TimelineKeeper.peak_snapshot`):
-the pickle pytorch.org/memory_viz opens shows the same step as the timeline.
+A CUDA run with ``memory_snapshot`` (and somewhere to write it) also records the
+allocator's own history (``torch.cuda.memory._record_memory_history``) through each recorded
+step, and snapshots it only when the step becomes the one its timeline keeps as the peak step
+(:meth:`TimelineKeeper.peak_snapshot`): the pickle pytorch.org/memory_viz opens shows the same
+step as the timeline. Starting a step's history clears any the caller had recorded.
 
 A prediction (:mod:`ckptlab.worker.predict`) records its memory pass on fake tensors the
 same way: on target ``cpu`` its timelines are the real run's, event for event.
@@ -88,6 +89,9 @@ class StepSnapshots(Protocol):
     def take(self) -> bytes:
         """Stop recording; the step's snapshot, pickled."""
 
+    def stop(self) -> None:
+        """Stop recording; nothing kept."""
+
 
 class AllocatorHistory:
     """One step's CUDA allocator history for pytorch.org/memory_viz:
@@ -110,13 +114,16 @@ class AllocatorHistory:
         try:
             return pickle.dumps(torch.cuda.memory._snapshot())
         finally:
-            torch.cuda.memory._record_memory_history(enabled=None)
+            self.stop()
+
+    def stop(self) -> None:
+        torch.cuda.memory._record_memory_history(enabled=None)
 
 
-def step_snapshots(run: TimelineContext) -> StepSnapshots | None:
-    """The allocator history to record with each recorded step: on CUDA when the spec asks
-    for ``memory_snapshot``, else None."""
-    return AllocatorHistory() if run.spec.memory_snapshot and run.meter.cuda else None
+def step_snapshots(run: TimelineContext, wanted: bool) -> StepSnapshots | None:
+    """The allocator history to record with each recorded step: on CUDA when ``wanted`` (the
+    spec asks for ``memory_snapshot`` and the caller has a path to write it to), else None."""
+    return AllocatorHistory() if wanted and run.spec.memory_snapshot and run.meter.cuda else None
 
 
 def module_names(root: nn.Module) -> tuple[dict[nn.Module, str], dict[nn.Module, int], list[str]]:
@@ -185,7 +192,7 @@ class TimelineKeeper:
           peak is recorded.
     """
 
-    def __init__(self, run: TimelineContext):
+    def __init__(self, run: TimelineContext, snapshots: bool = False):
         self.run = run
         names, regions, self.region_names = module_names(run.built.module)
         roots = {m: i for m, i in regions.items() if isinstance(m, CheckpointedGroup)}  # each recomputing group
@@ -224,11 +231,12 @@ class TimelineKeeper:
         self._highest: dict[bool, int] = {}
         #: the last step's peak went above every step before it: record the next one
         self._moved = False
-        #: per recorded step still kept (first or highest), its allocator snapshot (CUDA,
-        #: ``memory_snapshot``)
-        self.snapshots = step_snapshots(run)
-        self._snapshot_of: dict[int, bytes] = {}
-        self._last_snapshot: bytes | None = None
+        #: CUDA, ``memory_snapshot``: the allocator history of each recorded step, open from
+        #: the step's start until :meth:`keep` takes it (the step became the peak candidate) or
+        #: drops it; the one taken: (step, pickled snapshot)
+        self.snapshots = step_snapshots(run, snapshots)
+        self._history_open = False
+        self._peak_snapshot: tuple[int, bytes] | None = None
 
     @staticmethod
     def records(run: TimelineContext, *, one_process: bool) -> bool:
@@ -237,7 +245,7 @@ class TimelineKeeper:
         return one_process and (run.meter.exact or cuda) and get_settings().record_timeline
 
     @classmethod
-    def for_run(cls, run: TimelineContext, *, one_process: bool) -> TimelineKeeper | None:
+    def for_run(cls, run: TimelineContext, *, one_process: bool, snapshots: bool = False) -> TimelineKeeper | None:
         """A keeper for ``run``, or None: off (``record_timeline``), a compiled run (its
         kernels allocate where no tracker sees; on CPU the allocator probe measures it), or
         not ``one_process`` (a rank of a sharded run, real or a prediction's rank 0). A CUDA
@@ -245,7 +253,7 @@ class TimelineKeeper:
         prediction's run on fake tensors is recorded as a real one is: the same tracker
         counts its tensors' bytes (on a CUDA target rounded as the allocator rounds them;
         the prediction's modelled terms, such as the cuBLAS workspaces, are not events)."""
-        return cls(run) if cls.records(run, one_process=one_process) else None
+        return cls(run, snapshots) if cls.records(run, one_process=one_process) else None
 
     def wants(self, step: int) -> bool:
         """Whether to record step ``step`` (1-based): the first step, the first after the
@@ -257,9 +265,7 @@ class TimelineKeeper:
     def recording(self, step: int) -> Iterator[None]:
         """Record step ``step`` (:attr:`last` afterwards, for :meth:`keep`)."""
         rec, meter, shadow, snapshots = self.recorder, self.run.meter, self.shadow, self.snapshots
-        self.last, self._last_snapshot = None, None
-        if snapshots is not None:
-            snapshots.start()
+        self.last = None
         if shadow is not None:
             self._track_resident(shadow)
             shadow.__enter__()
@@ -267,17 +273,19 @@ class TimelineKeeper:
         rec.begin(self.run.where, self.by_key)
         meter.timeline = rec
         try:
+            if snapshots is not None:
+                snapshots.start()
+                self._history_open = True
             yield
         except BaseException:
             rec.abort()
+            self._close_history()
             raise
         finally:
             meter.timeline = None
             if shadow is not None:
                 meter.shadow = None
                 shadow.__exit__(None, None, None)
-            if snapshots is not None:
-                self._last_snapshot = snapshots.take()
         if not self._state_named:  # the optimizer makes its state in its first step
             self._name_optimizer_state()
         self.last = (step, rec.stop())
@@ -340,10 +348,13 @@ class TimelineKeeper:
         if self.last is None:
             return
         step, recorded = self.last
-        snapshot, self.last, self._last_snapshot = self._last_snapshot, None, None
+        self.last = None
         classes = [
             c for c in ((False, True) if measured else (False,)) if c not in self._best or peak > self._best[c][0]
         ]
+        # the snapshot kept is the peak candidate's (:meth:`peak_snapshot`): the highest step
+        # after the warm-up once any is recorded, else the highest of the warm-up
+        self._close_history(step if True in classes or (classes and True not in self._best) else None)
         if step != 1 and not classes:
             return
         tl = _timeline(step, recorded.columns(), self.region_names)
@@ -351,18 +362,27 @@ class TimelineKeeper:
             self._first = tl
         for cls in classes:
             self._best[cls] = (peak, tl)
-        if snapshot is not None:
-            self._snapshot_of[step] = snapshot
-            kept = {t.step for t in (self._first, *(b[1] for b in self._best.values())) if t is not None}
-            self._snapshot_of = {s: b for s, b in self._snapshot_of.items() if s in kept}
+
+    def _close_history(self, step: int | None = None) -> None:
+        """Stop the open allocator history, keeping its snapshot as step ``step``'s (None:
+        dropped)."""
+        if not self._history_open or self.snapshots is None:
+            return
+        self._history_open = False
+        if step is None:
+            self.snapshots.stop()
+        else:
+            self._peak_snapshot = (step, self.snapshots.take())
 
     def peak_snapshot(self) -> bytes | None:
         """The allocator snapshot (pickled, pytorch.org/memory_viz) of the step :meth:`kept`
         gives as the peak step, or of the first step when that is the only one kept; None
         when no snapshot was recorded (not CUDA, no ``memory_snapshot``)."""
+        self._close_history()  # (a step recorded but never kept)
         kept = self.kept()
         chosen = next((tl for tl, is_peak in kept if is_peak), kept[-1][0] if kept else None)
-        return None if chosen is None else self._snapshot_of.get(chosen.step)
+        taken = self._peak_snapshot
+        return taken[1] if chosen is not None and taken is not None and taken[0] == chosen.step else None
 
     def kept(self) -> list[tuple[StepTimeline, bool]]:
         """``(timeline, is_peak)`` of the first step and of the highest recorded step (once

@@ -267,7 +267,6 @@ def factory(depth=3, width=64):
 @pytest.fixture
 def carrying_model(tmp_path, monkeypatch):
 
-
     yield install_model_plugin(
         tmp_path, monkeypatch, name="carrying", module="ckptlab_carrying_plugin", source=CARRYING
     )

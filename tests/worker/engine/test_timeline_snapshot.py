@@ -16,7 +16,7 @@ class _FakeHistory:
     the step it was started in."""
 
     def __init__(self, where):
-        self.where, self.started, self.taken = where, None, []
+        self.where, self.started, self.taken, self.dropped = where, None, [], []
 
     def start(self):
         assert self.started is None  # one step at a time
@@ -27,6 +27,10 @@ class _FakeHistory:
         self.taken.append(step)
         return f"step {step}".encode()
 
+    def stop(self):
+        self.started = None
+        self.dropped.append(self.where["step"])
+
 
 def _spy_on_snapshots(monkeypatch) -> tuple[list[_FakeHistory], list[bytes | None]]:
     """Every run's step histories (fakes, on CPU) and the snapshot each keeper gives as its
@@ -36,7 +40,7 @@ def _spy_on_snapshots(monkeypatch) -> tuple[list[_FakeHistory], list[bytes | Non
     histories: list[_FakeHistory] = []
     snapshots: list[bytes | None] = []
     monkeypatch.setattr(
-        timeline, "step_snapshots", lambda run: histories.append(_FakeHistory(run.where)) or histories[-1]
+        timeline, "step_snapshots", lambda run, wanted: histories.append(_FakeHistory(run.where)) or histories[-1]
     )
     peak_snapshot = timeline.TimelineKeeper.peak_snapshot
     monkeypatch.setattr(
@@ -55,12 +59,14 @@ def _late_peak_run(name: str, high: str) -> list[tuple[StepTimeline, bool]]:
 
 
 def test_the_snapshot_kept_is_of_the_step_the_timeline_keeps_as_the_peak(monkeypatch, late_peak_model):
-    # as in the test above: steps 1, 2, 4 and 5 are recorded and 5 is kept as the peak; each
+    # steps 1, 2, 4 and 5 are recorded and 5 is kept as the peak (test_timeline.py); each
     # recorded step gets a history of its own, and the one kept is step 5's
     histories, snapshots = _spy_on_snapshots(monkeypatch)
     kept = _late_peak_run(late_peak_model, "3,5")
     (peak_tl,) = [tl for tl, is_peak in kept if is_peak]
-    assert len(histories) == 1 and histories[0].taken == [1, 2, 4, 5]
+    # each recorded step's history is taken when the step becomes the peak candidate (1, the
+    # warm-up's; 2, then 5), else dropped (4, below 2): only one snapshot is made per rise
+    assert len(histories) == 1 and histories[0].taken == [1, 2, 5] and histories[0].dropped == [4]
     assert peak_tl.step == 5 and snapshots == [b"step 5"]
 
 
@@ -69,7 +75,7 @@ def test_without_a_peak_claimed_the_snapshot_is_of_the_highest_step_kept(monkeyp
     # step 2: step 2 stays the highest kept, and its snapshot is the one kept, not the last's
     histories, snapshots = _spy_on_snapshots(monkeypatch)
     kept = _late_peak_run(late_peak_model, "4")
-    assert histories[0].taken == [1, 2, 5]
+    assert histories[0].taken == [1, 2] and histories[0].dropped == [5]
     assert [tl.step for tl, _ in kept] == [1, 2] and not any(is_peak for _, is_peak in kept)
     assert snapshots == [b"step 2"]
 
@@ -87,7 +93,7 @@ def test_a_cuda_runs_memory_snapshot_is_its_peak_steps(tmp_path):
     path = tmp_path / "snapshot.pickle"
     summary = run_experiment(spec, on_timeline=lambda tl, is_peak: kept.append((tl, is_peak)), snapshot_path=str(path))
     assert summary.snapshot_path == str(path)
-    (peak_tl,) = [tl for tl, is_peak in kept if is_peak]
+    peak_tl = next((tl for tl, is_peak in kept if is_peak), kept[-1][0])  # (the highest kept, if none is marked)
     snapshot = pickle.loads(path.read_bytes())
     allocs = sum(1 for trace in snapshot["device_traces"] for e in trace if e["action"] == "alloc")
     made = int((peak_tl.events >= 0).sum())

@@ -84,7 +84,7 @@ def test_a_chosen_fraction_runs_compiled_at_exactly_the_peak_its_search_measured
     # the largest fraction tried that fits: every larger one tried did not
     tried = {p["activation_memory_budget"]: p["peak_bytes"] for p in found["probes"]}
     assert tried[found["activation_memory_budget"]] <= BUDGET
-    assert all(peak > BUDGET for f, peak in tried.items() if f > found["activation_memory_budget"])
+    assert all(peak is None or peak > BUDGET for f, peak in tried.items() if f > found["activation_memory_budget"])
     assert 1.0 in tried and len(tried) <= 3
     # timed against the eager un-checkpointed step, as the eager plan was predicted
     assert s["paired_overhead"] is not None and found["predicted_overhead"]["rounds"] >= 6
