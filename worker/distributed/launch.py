@@ -169,14 +169,22 @@ _DEAD_PEER_WAIT_S = 2.0
 
 
 def _raise_dead(ranks: list[subprocess.Popen], done: dict[int, RunSummary], wait_s: float = 0.0) -> None:
-    """Raise for the first rank that a signal ended without a summary, waiting up to
-    ``wait_s`` for one; return when there is none."""
+    """Raise for a rank that a signal ended without a summary, waiting up to ``wait_s`` for
+    one; return when there is none. Of several, one ended from outside (:data:`_LOST_SIGNALS`)
+    is named before one that crashed: a killed rank's peers abort in their next collective
+    (gloo: SIGABRT), the kill the cause and the aborts its effect (rank 0's abort was once
+    reported for rank 1's ``kill -9``); then the lowest rank."""
     deadline = time.monotonic() + wait_s
     while True:
-        for r, proc in enumerate(ranks):
-            if r not in done and proc.poll() is not None and proc.returncode < 0:
-                cls = RankLost if -proc.returncode in _LOST_SIGNALS else RunError
-                raise cls(f"rank {r} exited ({_exit_text(proc.returncode)}) without a summary")
+        dead = [
+            (-proc.returncode not in _LOST_SIGNALS, r, proc.returncode)
+            for r, proc in enumerate(ranks)
+            if r not in done and proc.poll() is not None and proc.returncode < 0
+        ]
+        if dead:
+            crashed, r, code = min(dead)
+            cls = RunError if crashed else RankLost
+            raise cls(f"rank {r} exited ({_exit_text(code)}) without a summary")
         if time.monotonic() >= deadline:
             return
         time.sleep(0.05)

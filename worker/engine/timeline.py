@@ -376,8 +376,8 @@ class TimelineKeeper:
 
     def peak_snapshot(self) -> bytes | None:
         """The allocator snapshot (pickled, pytorch.org/memory_viz) of the step :meth:`kept`
-        gives as the peak step, or of the first step when that is the only one kept; None
-        when no snapshot was recorded (not CUDA, no ``memory_snapshot``)."""
+        gives as the peak step, or of the highest kept when none is marked; None when no
+        snapshot was recorded (not CUDA, no ``memory_snapshot``, no path to write it)."""
         self._close_history()  # (a step recorded but never kept)
         kept = self.kept()
         chosen = next((tl for tl, is_peak in kept if is_peak), kept[-1][0] if kept else None)

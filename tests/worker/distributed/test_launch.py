@@ -128,3 +128,27 @@ def test_ddp_with_reentrant_checkpointing_and_find_unused_parameters_fails_sayin
     ):
         run_distributed(reentrant)
     assert measured(spec).sharded_gradients.match
+
+
+class _Exited:
+    """A rank process that has ended with ``returncode`` (``Popen``'s: -N for signal N)."""
+
+    def __init__(self, returncode: int | None):
+        self.returncode = returncode
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+
+def test_a_killed_rank_is_named_before_the_peer_that_aborted_after_it():
+    # rank 1 killed (kill -9); rank 0 then aborted in its collective (SIGABRT): the run was
+    # lost to rank 1's kill, not failed by rank 0's crash (seen in CI as "rank 0 exited (signal 6)")
+    from ckptlab.worker.distributed.launch import _raise_dead
+    from ckptlab.worker.errors import RankLost
+
+    with pytest.raises(RankLost, match=r"^rank 1 exited \(signal 9\) without a summary"):
+        _raise_dead([_Exited(-signal.SIGABRT), _Exited(-signal.SIGKILL)], {})
+    with pytest.raises(RunError, match=r"^rank 0 exited \(signal 6\)") as crashed:  # a crash alone fails the run
+        _raise_dead([_Exited(-signal.SIGABRT), _Exited(None)], {})
+    assert not isinstance(crashed.value, RankLost)
+    _raise_dead([_Exited(None), _Exited(0)], {})  # none dead by a signal: nothing raised
