@@ -123,7 +123,7 @@ class AllocatorHistory:
 def step_snapshots(run: TimelineContext, wanted: bool) -> StepSnapshots | None:
     """The allocator history to record with each recorded step: on CUDA when ``wanted`` (the
     spec asks for ``memory_snapshot`` and the caller has a path to write it to), else None."""
-    return AllocatorHistory() if wanted and run.spec.memory_snapshot and run.meter.cuda else None
+    return AllocatorHistory() if wanted and run.meter.cuda else None
 
 
 def module_names(root: nn.Module) -> tuple[dict[nn.Module, str], dict[nn.Module, int], list[str]]:

@@ -82,13 +82,17 @@ MAX_PROBES = 7
 @dataclass(frozen=True)
 class CompiledProbe:
     """One fraction tried: its measured peak (bytes, the memory pass's maximum after
-    warm-up, as the run's summary reads it; None when it ran out of memory, then
-    ``out_of_memory``) and its compile time (ms; 0 when out of memory)."""
+    warm-up, as the run's summary reads it; None when it ran out of memory) and its
+    compile time (ms; 0 when out of memory)."""
 
     fraction: float
     peak_bytes: int | None
     compile_ms: float
-    out_of_memory: bool = False
+
+    @property
+    def out_of_memory(self) -> bool:
+        """The candidate ran out of memory (no peak was measured): it does not fit."""
+        return self.peak_bytes is None
 
 
 @dataclass
@@ -231,7 +235,7 @@ def _search(choice: CompiledChoice, spec: ExperimentSpec, dev: torch.device, bui
                 peaks[fraction], compile_ms = None, 0.0
                 if dev.type == "cuda":
                     torch.cuda.empty_cache()
-            choice.probes.append(CompiledProbe(fraction, peaks[fraction], compile_ms, peaks[fraction] is None))
+            choice.probes.append(CompiledProbe(fraction, peaks[fraction], compile_ms))
         peak = peaks[fraction]
         return peak is not None and peak <= budget_bytes
 
