@@ -284,6 +284,21 @@ def bench_recording(name: str, cfg: dict, rounds: int, steps: int, threads: int 
     }
 
 
+def _passes_only(cfg: dict, passes: int, record: bool, steps: int) -> None:
+    """Two warm-up memory passes of ``cfg`` (recording on, then off), then ``passes`` with
+    ``record``, on one torch thread: what an instruction counter compares."""
+    import torch
+
+    from ckptlab.spec.experiment import ExperimentSpec
+
+    spec = ExperimentSpec.model_validate({**cfg, "steps": steps, "warmup_steps": 1, "device": "cpu", "seed": 0})
+    torch.set_num_threads(1)
+    _memory_pass_ms(spec, True)
+    _memory_pass_ms(spec, False)
+    for _ in range(passes):
+        _memory_pass_ms(spec, record)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--events", type=int, default=1_000_000)
@@ -297,11 +312,22 @@ def main() -> None:
     )
     ap.add_argument("--configs", help="comma-separated names of CONFIGS (default: all)")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument(
+        "--passes",
+        type=int,
+        help="only run memory passes of the first config, for an instruction counter: two "
+        "warm-up passes (recording on, then off), then this many with --record; run it under "
+        "`valgrind --tool=callgrind` once per --record and divide the totals' difference by it",
+    )
+    ap.add_argument("--record", choices=("on", "off"), default="on")
     args = ap.parse_args()
     from ckptlab.worker.measure.heap import keep_freed_heap
 
     keep_freed_heap()  # as run_experiment does before its passes
     names = args.configs.split(",") if args.configs else list(CONFIGS)
+    if args.passes is not None:
+        _passes_only(CONFIGS[names[0]], args.passes, args.record == "on", args.steps)
+        return
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="ckptlab-bench-timeline-") as tmp:
         stored = bench_store(args.events, Path(tmp) / "ckptlab.db")

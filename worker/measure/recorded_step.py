@@ -5,6 +5,7 @@ the steps kept (issue 34). Split from :mod:`ckptlab.worker.measure.timeline`, wh
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from operator import attrgetter, itemgetter
 from typing import Any
 
@@ -22,6 +23,24 @@ def _op_name(op: Any) -> str:
     """An op's name as stored: ``aten.mm.default``; a call outside the dispatcher as given;
     ``(none)`` for a block alive before the step."""
     return "(none)" if op is None else str(op)
+
+
+#: id of an op -> (it, its name): an ``OpOverload``'s ``str`` is Python, and a kept step's
+#: columns are made inside the memory pass (ops live as long as the process)
+_OP_NAMES: dict[int, tuple[Any, str]] = {}
+
+
+def _op_names(ops: Iterable[Any]) -> list[str]:
+    """:func:`_op_name` of each of ``ops``, each op's made once per process."""
+    if len(_OP_NAMES) > 4096:  # (calls named by strings made at run time: bounded anyway)
+        _OP_NAMES.clear()
+    out = []
+    for op in ops:
+        hit = _OP_NAMES.get(id(op))
+        if hit is None or hit[0] is not op:
+            hit = _OP_NAMES[id(op)] = (op, _op_name(op))
+        out.append(hit[1])
+    return out
 
 
 class RecordedStep:
@@ -56,7 +75,8 @@ class RecordedStep:
         # memory pass, and small models' steps make few milliseconds of work)
         names = list(map(_first, owners))
         modules = {name: i for i, name in enumerate(dict.fromkeys(names))}
-        module_code = np.array(list(map(modules.__getitem__, names)), dtype=np.int32)
+        n = len(self.blocks)
+        module_code = np.fromiter(map(modules.__getitem__, names), np.int32, n)
         region_of = list(map(_second, owners))
         for block, name in self.renamed.items():
             module_code[block] = modules.setdefault(name, len(modules))
@@ -70,24 +90,24 @@ class RecordedStep:
         ids = list(map(id, ops))
         by_id = dict(zip(ids, ops, strict=True))
         codes = {key: i for i, key in enumerate(by_id)}
-        op_code = np.array(list(map(codes.__getitem__, ids)), dtype=np.int32)
-        op_names = [_op_name(o) for o in by_id.values()]
-        events = np.array(self.events, dtype=np.int32)
-        region = np.array(region_of, dtype=np.int32)
-        sizes = np.array(nbytes, dtype=np.int64)
-        saved = np.zeros(len(self.blocks), dtype=bool)
+        op_code = np.fromiter(map(codes.__getitem__, ids), np.int32, n)
+        op_names = _op_names(by_id.values())
+        events = np.fromiter(self.events, np.int32, len(self.events))
+        region = np.fromiter(region_of, np.int32, n)
+        sizes = np.fromiter(nbytes, np.int64, n)
+        saved = np.zeros(n, dtype=bool)
         saved[np.fromiter(self.saved, np.int64, len(self.saved))] = True
         kept = self._kept_by_regions(region_of)
         saved[kept] = True
         return {
             "events": events,
             "nbytes": sizes,
-            "category": np.array(list(map(_CATEGORY_CODES.__getitem__, map(_category, infos))), dtype=np.uint8),
+            "category": np.fromiter(map(_CATEGORY_CODES.__getitem__, map(_category, infos)), np.uint8, n),
             "module": module_code,
             "op": op_code,
             "region": region,
             "saved": saved,
-            "recomputed": np.array(recomputed, dtype=np.int32) > 0,
+            "recomputed": np.fromiter(recomputed, np.bool_, n),  # (recomputations running: 0, 1, ...)
             "categories": list(CATEGORIES),
             "modules": module_names,
             "ops": op_names,

@@ -67,6 +67,13 @@ UNKNOWN, BATCH, LOSS, OPTIMIZER = (
 )
 #: An autograd node's sequence number when it has none (AccumulateGrad: UINT64_MAX).
 _NO_SEQUENCE = 2**63
+# (module-level names of the C calls the hooks make at every module call and event)
+_sequence_nr, _current_node, _thread_id = (
+    torch._C._autograd._get_sequence_nr,
+    torch._C._current_autograd_node,
+    threading.get_ident,
+)
+_no_python_dispatch = torch._C._DisableTorchDispatch
 
 
 def _same(t: Any) -> Any:
@@ -158,7 +165,7 @@ class TimelineRecorder:
         self._thread = threading.get_ident()
         self._phase: str | None = None
         self._backward = False
-        self._scope = BATCH
+        self._scope: tuple[str, int] = (BATCH, -1)  # the owner of what is made outside modules
         self._recomputing = 0
         self._last_seq: tuple[int, int] = (-1, -1)
         self._last_owner: tuple[str, int] = (UNKNOWN, -1)
@@ -222,7 +229,7 @@ class TimelineRecorder:
         parameter, its gradient, its optimizer state)."""
         live = self.tracker._live
         for t in tensors:
-            if isinstance(t, torch.Tensor) and t.device.type != "meta":
+            if isinstance(t, torch.Tensor) and not t.is_meta:
                 entry = live.get(t.untyped_storage()._cdata)
                 if entry is not None and 0 <= entry[1].block < len(self._blocks):
                     self._renamed[entry[1].block] = module
@@ -250,16 +257,17 @@ class TimelineRecorder:
         owner = self._owner_of.get(module)
         if owner is None:
             return  # a module outside the model (a loss module)
-        if not self._stack and self._where.get("phase") != self._phase:  # the model is called
+        stack = self._stack
+        if not stack and self._where.get("phase") != self._phase:  # the model is called
             self._note_phase()
-        self._stack.append(owner)
-        seqs, owners = self._marks()
-        seqs.append(torch._C._autograd._get_sequence_nr())
+        stack.append(owner)
+        seqs, owners = (self._seqs, self._owners) if _thread_id() == self._thread else self._marks()
+        seqs.append(_sequence_nr())
         owners.append(owner)
 
     def _marks(self) -> tuple[list[int], list[tuple[str, int]]]:
         """This thread's node numbers and owners (:meth:`_enter`)."""
-        tid = threading.get_ident()
+        tid = _thread_id()
         if tid == self._thread:
             return self._seqs, self._owners
         return self._other.setdefault(tid, ([], []))
@@ -270,13 +278,14 @@ class TimelineRecorder:
         region = self.region_roots.get(module)
         if region is not None:
             self._region_output(region, output)
-        if self._stack:
-            self._stack.pop()
-        if not self._stack and not self._recomputing:
-            self._scope = LOSS  # the model returned: what follows is the loss
-        seqs, owners = self._marks()
-        seqs.append(torch._C._autograd._get_sequence_nr())
-        owners.append(self._stack[-1] if self._stack else (self._scope, -1))
+        stack = self._stack
+        if stack:
+            stack.pop()
+        if not stack and not self._recomputing:
+            self._scope = (LOSS, -1)  # the model returned: what follows is the loss
+        seqs, owners = (self._seqs, self._owners) if _thread_id() == self._thread else self._marks()
+        seqs.append(_sequence_nr())
+        owners.append(stack[-1] if stack else self._scope)
 
     def _node_owner(self) -> tuple[str, int]:
         """The module whose forward made the autograd node running now (backward): looked up
@@ -284,7 +293,7 @@ class TimelineRecorder:
         recomputation made on the thread running backward (a reentrant checkpoint's inner
         backward, on autograd's device thread on CUDA), by the numbers that recomputation
         made there."""
-        node = torch._C._current_autograd_node()
+        node = _current_node()
         if node is None:
             return LOSS, -1  # the engine's seed gradient, before any node runs
         seq = node._sequence_nr()
@@ -292,7 +301,7 @@ class TimelineRecorder:
             variable = getattr(node, "variable", None)
             entry = self._param_by_id.get(id(variable))
             return (entry[1], -1) if entry is not None and entry[0] is variable else (UNKNOWN, -1)
-        tid = threading.get_ident()
+        tid = _thread_id()
         # (a non-reentrant checkpoint's recomputed graph is never run: every node is the step's)
         if tid == self._thread or not self.reentrant or not any(a <= seq < b for a, b in self._ranges.get(tid, ())):
             tid = self._thread
@@ -312,6 +321,9 @@ class TimelineRecorder:
             entry = self.tracker._live.get(t.untyped_storage()._cdata)
             if entry is not None and entry[1].block >= 0:
                 self._saved.setdefault(entry[1].block, self._stack[-1][1] if self._stack else -1)
+        if type(t) is torch.Tensor:  # (a fake tensor's detach needs its mode: it stays fake)
+            with _no_python_dispatch():  # the alias needs no count: no trip through the tracker's mode
+                return t.detach()
         return t.detach()
 
     def _region_output(self, region: int, output: Any) -> None:
@@ -330,9 +342,9 @@ class TimelineRecorder:
         self._phases.append((len(self._events), phase))
         self._backward = phase == "backward"
         if phase == "forward":
-            self._scope = BATCH
+            self._scope = (BATCH, -1)
         elif phase == "optimizer":
-            self._scope = OPTIMIZER
+            self._scope = (OPTIMIZER, -1)
 
     def alloc(self, info: Any, nbytes: int) -> None:
         """The tracker counted a new storage of ``nbytes`` bytes (``info``: its entry)."""
@@ -341,7 +353,7 @@ class TimelineRecorder:
         else:
             if self._where.get("phase") != self._phase:
                 self._note_phase()
-            owner = self._node_owner() if self._backward else (self._scope, -1)
+            owner = self._node_owner() if self._backward else self._scope
         blocks = self._blocks
         info.block = block = len(blocks)
         blocks.append((info, nbytes, owner, self.op, self._recomputing))
