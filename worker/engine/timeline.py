@@ -136,7 +136,7 @@ def module_names(root: nn.Module) -> tuple[dict[nn.Module, str], dict[nn.Module,
     renames: list[tuple[str, str]] = []
     regions: dict[nn.Module, int] = {}
     region_names: list[str] = []
-    named = _named_modules(root)
+    named = list(root.named_modules())
     for fqn, module in named:
         if isinstance(module, CheckpointedGroup | OffloadedGroup) and hasattr(module, "blocks_range"):
             start, end = module.blocks_range
@@ -144,7 +144,7 @@ def module_names(root: nn.Module) -> tuple[dict[nn.Module, str], dict[nn.Module,
             prefix = f"{container}." if container else ""
             renames += [(f"{fqn}.group.{j}", f"{prefix}{start + j}") for j in range(end - start)]
             region_names.append(f"{prefix}{start}" + (f"-{end - 1}" if end - start > 1 else ""))
-            for _, sub in _named_modules(module):
+            for sub in module.modules():
                 regions[sub] = len(region_names) - 1
 
     def renamed(fqn: str) -> str:
@@ -158,26 +158,6 @@ def module_names(root: nn.Module) -> tuple[dict[nn.Module, str], dict[nn.Module,
         names = {m: _unwrapped(name) for m, name in names.items()}
         region_names = [_unwrapped(name) for name in region_names]
     return names, regions, region_names
-
-
-def _named_modules(root: nn.Module) -> list[tuple[str, nn.Module]]:
-    """``list(root.named_modules())``, the same names in the same (pre)order, by a loop: the
-    nested generators of ``named_modules`` cost a call per module and level, inside the
-    memory pass that builds the timeline's keeper. Modules are told apart by identity (as
-    ``nn.Module``'s own hash does: a module defining ``__eq__`` by value is not merged), and
-    a child's own override of ``named_modules`` is not called."""
-    out: list[tuple[str, nn.Module]] = []
-    seen: set[int] = set()
-    stack = [("", root)]
-    while stack:
-        fqn, module = stack.pop()
-        if id(module) in seen:
-            continue
-        seen.add(id(module))
-        out.append((fqn, module))
-        prefix = f"{fqn}." if fqn else ""
-        stack += [(prefix + name, child) for name, child in reversed(module._modules.items()) if child is not None]
-    return out
 
 
 def _unwrapped(name: str) -> str:

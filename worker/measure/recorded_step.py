@@ -25,8 +25,8 @@ def _op_name(op: Any) -> str:
     return "(none)" if op is None else str(op)
 
 
-#: id of an op -> (it, its name): an ``OpOverload``'s ``str`` is Python, and a kept step's
-#: columns are made inside the memory pass (ops live as long as the process)
+#: id of an op -> (it, its name): an ``OpOverload``'s ``str`` (and hash) is Python, and a
+#: kept step's columns are made inside the memory pass; holding the op keeps its id its own
 _OP_NAMES: dict[int, tuple[Any, str]] = {}
 
 
@@ -37,7 +37,7 @@ def _op_names(ops: Iterable[Any]) -> list[str]:
     out = []
     for op in ops:
         hit = _OP_NAMES.get(id(op))
-        if hit is None or hit[0] is not op:
+        if hit is None:
             hit = _OP_NAMES[id(op)] = (op, _op_name(op))
         out.append(hit[1])
     return out

@@ -261,16 +261,13 @@ class TimelineRecorder:
         if not stack and self._where.get("phase") != self._phase:  # the model is called
             self._note_phase()
         stack.append(owner)
-        seqs, owners = (self._seqs, self._owners) if _thread_id() == self._thread else self._marks()
+        seqs, owners = (self._seqs, self._owners) if _thread_id() == self._thread else self._other_marks()
         seqs.append(_sequence_nr())
         owners.append(owner)
 
-    def _marks(self) -> tuple[list[int], list[tuple[str, int]]]:
-        """This thread's node numbers and owners (:meth:`_enter`)."""
-        tid = _thread_id()
-        if tid == self._thread:
-            return self._seqs, self._owners
-        return self._other.setdefault(tid, ([], []))
+    def _other_marks(self) -> tuple[list[int], list[tuple[str, int]]]:
+        """The node numbers and owners of this thread, not the step's (:meth:`_enter`)."""
+        return self._other.setdefault(_thread_id(), ([], []))
 
     def _leave(self, module: nn.Module, _args: Any, output: Any) -> None:
         if module not in self._owner_of:
@@ -283,7 +280,7 @@ class TimelineRecorder:
             stack.pop()
         if not stack and not self._recomputing:
             self._scope = (LOSS, -1)  # the model returned: what follows is the loss
-        seqs, owners = (self._seqs, self._owners) if _thread_id() == self._thread else self._marks()
+        seqs, owners = (self._seqs, self._owners) if _thread_id() == self._thread else self._other_marks()
         seqs.append(_sequence_nr())
         owners.append(stack[-1] if stack else self._scope)
 
