@@ -234,6 +234,7 @@ def _memory_pass_ms(spec, record: bool) -> tuple[float, int, int]:
 
     os.environ["CKPTLAB_RECORD_TIMELINE"] = "1" if record else "0"
     get_settings.cache_clear()
+    get_settings()  # made here, not inside the timed pass: a run reads the process's cached settings
     dev = torch.device("cpu")
     meter = Meter(dev, None)
     run = RunContext(spec, get_strategy(spec.checkpoint.strategy), dev, meter, {"phase": "setup", "step": 0}, None)

@@ -5,16 +5,17 @@ whether autograd saved it for backward and the checkpoint region it was made in.
 The tracker (:class:`ckptlab.worker.measure.memory.LiveTensorTracker`) tells its
 ``recorder`` of each counted allocation and free; this module names them:
 
-- **Module**: module forward pre-hooks and hooks keep a stack of the modules running (in
-  forward, and in a checkpoint's recomputation during backward). In backward, the autograd
-  node running (``torch._C._current_autograd_node()``) is mapped back to the module whose
-  forward made it, by its sequence number (nodes are numbered in the order they are made,
-  ``torch._C._autograd._get_sequence_nr()``: the modules' hooks note where each module's
-  forward began and ended in that numbering). What runs outside every module is named by
-  its place in the step: ``<batch>`` (the input batch), ``<loss>`` (the loss and its
-  backward), ``<optimizer>`` (the optimizer's temporaries). Parameters, their gradients
-  and the optimizer state are named after the module owning the parameter
-  (:meth:`TimelineRecorder.name`). What none of this names is ``unknown``.
+- **Module**: while a step is recorded, each of the model's modules runs its ``forward``
+  through a wrapper (an instance attribute, removed after the step) that keeps a stack of
+  the modules running (in forward, and in a checkpoint's recomputation during backward).
+  In backward, the autograd node running (``torch._C._current_autograd_node()``) is mapped
+  back to the module whose forward made it, by its sequence number (nodes are numbered in
+  the order they are made, ``torch._C._autograd._get_sequence_nr()``: the forward wrappers
+  note where each module's forward began and ended in that numbering). What runs outside
+  every module is named by its place in the step: ``<batch>`` (the input batch),
+  ``<loss>`` (the loss and its backward), ``<optimizer>`` (the optimizer's temporaries).
+  Parameters, their gradients and the optimizer state are named after the module owning
+  the parameter (:meth:`TimelineRecorder.name`). What none of this names is ``unknown``.
 - **Saved for backward**: a saved-tensor pack hook (``torch.autograd.graph.saved_tensors_hooks``)
   marks what autograd saves outside checkpoint regions (a checkpoint's own hooks take over
   inside one); what a checkpoint region made in forward and still held at the end of
@@ -38,6 +39,14 @@ Known limitations:
       its owner but for shared weights).
     - A checkpoint region's saved tensors other than those it still holds at the end of
       forward are not marked (they are not held).
+    - A module's own forward pre-hooks and hooks run outside its wrapper: what they
+      allocate is named after the module that called it (global module hooks would run
+      before them, but put every module call of the process on ``nn.Module._call_impl``'s
+      slow path: about 1% of the tests' tiny transformer's memory pass, docs/benchmarks.md).
+    - During a recorded step the model's modules carry the wrappers: a copy or pickle of
+      the model made then (user code; the engine makes none inside the memory pass)
+      copies or fails on them, and a ``forward`` a model stores for later calls keeps
+      the step's wrapper.
 """
 
 from __future__ import annotations
@@ -51,7 +60,6 @@ from typing import Any
 import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
-from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
 from ckptlab.domain import Unattributed
 from ckptlab.worker.measure.memory import LiveTensorTracker
@@ -95,8 +103,8 @@ class TimelineRecorder:
 
     Args:
         tracker: the run's live-tensor tracker (CPU; exact bytes).
-        names: module -> its fully-qualified name (global module hooks run while a step is
-            recorded, and only then; other modules are not followed).
+        names: module -> its fully-qualified name (their ``forward`` is wrapped while a step
+            is recorded, and only then; other modules are not followed).
         regions: module -> the index of the checkpoint region it runs in (the modules of a
             checkpointed group); modules not in it run in none.
         region_roots: the module that is each region (a checkpointed group) -> its index:
@@ -131,10 +139,12 @@ class TimelineRecorder:
             dict(region_roots or {}),
             {r: frozenset(ops) for r, ops in (policy_ops or {}).items()},
         )
-        #: module -> (its name, its region): what the module hooks push
+        #: module -> (its name, its region): what the forward wrappers push
         self._owner_of = {m: (name, self.regions.get(m, -1)) for m, name in self.names.items()}
         self.op: Any = None
-        self._hooks: list[Any] = []
+        #: the modules whose forward is wrapped now, each with the instance ``forward`` it
+        #: had before (None: the class's) and the wrapper
+        self._wrapped: list[tuple[nn.Module, Any, Any]] = []
         self._saved_hooks: contextlib.ExitStack | None = None
         self._reset()
 
@@ -187,10 +197,7 @@ class TimelineRecorder:
             info.block = block
             blocks.append((info, info.nbytes, (named(key, UNKNOWN), -1), None, 0))
         self._resident = len(self._blocks)
-        # two global module hooks, not two per module: registering a hook per module and
-        # step cost small models' recorded steps more than calling them
-        self._hooks.append(register_module_forward_pre_hook(self._enter))
-        self._hooks.append(register_module_forward_hook(self._leave, always_call=True))
+        self._wrap_forwards()
         self._saved_hooks = contextlib.ExitStack()
         self._saved_hooks.enter_context(torch.autograd.graph.saved_tensors_hooks(self._pack, _same))
         self.tracker.recorder = self
@@ -214,10 +221,62 @@ class TimelineRecorder:
         self._stop_hooks()
         self._reset()
 
+    def _wrap_forwards(self) -> None:
+        """Each named module's ``forward`` through :meth:`_followed` as an instance
+        attribute: ``nn.Module.__call__`` keeps its fast path (no hooks), where global
+        module hooks sent every module call of the process down the slow one (a closure, a
+        set and the hook loops per call). Made after :meth:`_reset`: the wrappers hold the
+        step's lists."""
+        for module, owner in self._owner_of.items():
+            own = module.__dict__.get("forward")
+            followed = self._followed(module.forward, owner, self.region_roots.get(module))
+            module.__dict__["forward"] = followed
+            self._wrapped.append((module, own, followed))
+
+    def _followed(self, forward: Any, owner: tuple[str, int], region: int | None) -> Any:
+        """``forward`` (a module's, bound; ``owner``: its name and region; ``region``: the
+        region it is the root of, or None) with the module pushed on the module stack
+        before it and popped after it, also when it raises (a non-reentrant checkpoint
+        stops its recomputation early by raising inside a block); each push and pop notes
+        autograd's node number (see :meth:`_node_owner`)."""
+        stack, seqs, owners, step_thread, other = self._stack, self._seqs, self._owners, self._thread, self._other
+
+        def followed(*args: Any, **kwargs: Any) -> Any:
+            if not stack and self._where.get("phase") != self._phase:  # the model is called
+                self._note_phase()
+            stack.append(owner)
+            tid = _thread_id()  # (the numbering is per thread: the step's, or another's)
+            marks = (seqs, owners) if tid == step_thread else other.setdefault(tid, ([], []))
+            marks[0].append(_sequence_nr())
+            marks[1].append(owner)
+            output = None
+            try:
+                output = forward(*args, **kwargs)
+                return output
+            finally:
+                if region is not None:
+                    self._region_output(region, output)
+                if stack:
+                    stack.pop()
+                if not stack and not self._recomputing:
+                    self._scope = (LOSS, -1)  # the model returned: what follows is the loss
+                marks = (seqs, owners) if tid == step_thread else other.setdefault(tid, ([], []))
+                marks[0].append(_sequence_nr())
+                marks[1].append(stack[-1] if stack else self._scope)
+
+        followed.__wrapped__ = forward  # type: ignore[attr-defined] - inspect.signature reads it
+        return followed
+
     def _stop_hooks(self) -> None:
-        for handle in self._hooks:
-            handle.remove()
-        self._hooks.clear()
+        # last wrapped first; a forward someone else put in place during the step stays
+        for module, own, followed in reversed(self._wrapped):
+            if module.__dict__.get("forward") is not followed:
+                continue
+            if own is None:
+                del module.__dict__["forward"]
+            else:
+                module.__dict__["forward"] = own
+        self._wrapped.clear()
         if self._saved_hooks is not None:
             self._saved_hooks.close()
             self._saved_hooks = None
@@ -250,39 +309,8 @@ class TimelineRecorder:
             if self._range_starts:
                 span = (self._range_starts.pop(), torch._C._autograd._get_sequence_nr())
                 self._ranges.setdefault(threading.get_ident(), []).append(span)
-            # the module stack as the recomputation found it (an early stop may skip hooks)
+            # the module stack as the recomputation found it (an early stop may skip the pops)
             del self._stack[self._depths.pop() if self._depths else 0 :]
-
-    def _enter(self, module: nn.Module, _args: Any) -> None:
-        owner = self._owner_of.get(module)
-        if owner is None:
-            return  # a module outside the model (a loss module)
-        stack = self._stack
-        if not stack and self._where.get("phase") != self._phase:  # the model is called
-            self._note_phase()
-        stack.append(owner)
-        seqs, owners = (self._seqs, self._owners) if _thread_id() == self._thread else self._other_marks()
-        seqs.append(_sequence_nr())
-        owners.append(owner)
-
-    def _other_marks(self) -> tuple[list[int], list[tuple[str, int]]]:
-        """The node numbers and owners of this thread, not the step's (:meth:`_enter`)."""
-        return self._other.setdefault(_thread_id(), ([], []))
-
-    def _leave(self, module: nn.Module, _args: Any, output: Any) -> None:
-        if module not in self._owner_of:
-            return
-        region = self.region_roots.get(module)
-        if region is not None:
-            self._region_output(region, output)
-        stack = self._stack
-        if stack:
-            stack.pop()
-        if not stack and not self._recomputing:
-            self._scope = (LOSS, -1)  # the model returned: what follows is the loss
-        seqs, owners = (self._seqs, self._owners) if _thread_id() == self._thread else self._other_marks()
-        seqs.append(_sequence_nr())
-        owners.append(stack[-1] if stack else self._scope)
 
     def _node_owner(self) -> tuple[str, int]:
         """The module whose forward made the autograd node running now (backward): looked up
