@@ -162,7 +162,6 @@ class TimelineRecorder:
         self._phases: list[tuple[int, str]] = []
         self._recompute_spans: list[list[int]] = []
         self._stack: list[tuple[str, int]] = []
-        self._depths: list[int] = []  # the module stack's depth as each recomputation began
         # where each module's forward began and ended in autograd's numbering of nodes, and
         # the module running there; numbers are counted per thread: the step's thread's here,
         # a recomputation's on autograd's device thread (CUDA) in _other, with the ranges of
@@ -300,7 +299,6 @@ class TimelineRecorder:
                 self._note_phase()
             self._recomputing += 1
             self._recompute_spans.append([len(self._events), len(self._events)])
-            self._depths.append(len(self._stack))
             self._range_starts.append(torch._C._autograd._get_sequence_nr())
         else:
             self._recomputing = max(self._recomputing - 1, 0)
@@ -309,8 +307,6 @@ class TimelineRecorder:
             if self._range_starts:
                 span = (self._range_starts.pop(), torch._C._autograd._get_sequence_nr())
                 self._ranges.setdefault(threading.get_ident(), []).append(span)
-            # the module stack as the recomputation found it (an early stop may skip the pops)
-            del self._stack[self._depths.pop() if self._depths else 0 :]
 
     def _node_owner(self) -> tuple[str, int]:
         """The module whose forward made the autograd node running now (backward): looked up
