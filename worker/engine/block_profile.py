@@ -2,17 +2,19 @@
 every block, and tensor hooks on each block's output and input for its backward.
 
 Per block (bytes from the run's own instruments: the exact live-tensor tracker on CPU, the
-allocator on CUDA; times from ``time.perf_counter``):
+allocator on CUDA; times from ``time.perf_counter``). A "window" is the probe's top since
+the window was opened: the tracker's on CPU, the allocator's peak (reset per window,
+:class:`ckptlab.worker.measure.memory.CudaProbe`) on CUDA:
 
 - ``retained_bytes``: alive after its forward minus before (its output included);
-- ``forward_bytes``: the most its forward held above that end (temporaries; CPU only);
+- ``forward_bytes``: the most its forward held above that end (temporaries; its window);
 - ``backward_bytes``: the most its backward held above what was alive when the gradient of
-  its output arrived (CPU: the tracker's window; CUDA: the live bytes at its end);
+  its output arrived (its window);
 - ``released_bytes``: its output's bytes when that output is already freed as the gradient
   of the output arrives (only the next block or the head saved it), else 0;
-- ``recompute_bytes`` (with ``recompute``; CPU only): the most its forward held above its
+- ``recompute_bytes`` (with ``recompute``): the most its forward held above its
   start up to the last tensor it saved for backward (a saved-tensor pack hook reads the
-  tracker's window there), where a non-reentrant checkpoint's recomputation stops;
+  window there), where a non-reentrant checkpoint's recomputation stops;
 - ``input_bytes``, ``output_bytes``, ``param_bytes`` (its parameters' gradients) and
   ``forward_ms``.
 
@@ -69,15 +71,16 @@ class BlockRecorder:
     Args:
         blocks: the chain's blocks.
         meter: the run's instruments.
-        tail: read the tail (:attr:`tail_live`, :attr:`tail_top`; default False). On CUDA
-            that resets the allocator's peak mid-backward: only for a step whose peak the
-            caller reads as ``max(peak_before_tail, peak)`` (the planner's profile step).
+        tail: read the tail (:attr:`tail_live`, :attr:`tail_top`; default False). With a
+            probe that has no window that resets its peak mid-backward: only for a step
+            whose peak the caller reads as ``max(peak_before_tail, peak)`` (the planner's
+            profile step).
         clock: what ``forward_ms`` is read with, in seconds (default ``time.perf_counter``;
             a prediction's proxy on fake tensors, :class:`ckptlab.worker.engine.training.FakeRun`).
         recompute: read each block's ``recompute_bytes`` (default False): a saved-tensor pack
             hook is active through the forward, so only for a step that checkpoints nothing
-            (a checkpoint's own hooks would hide the packs). Where the meter has no window
-            (CUDA) or a block saved nothing through the hook, the field stays None.
+            (a checkpoint's own hooks would hide the packs). Where the probe has no window
+            or a block saved nothing through the hook, the field stays None.
 
     Attributes:
         first_live: live bytes when the first block started (the stem's end), or None.
@@ -87,8 +90,9 @@ class BlockRecorder:
             blocks' backward is over; the rest of backward, the stem's, is the "tail"), or
             None when that input needs no gradient (no tail) or ``tail`` is False.
         tail_top: the most live bytes in the tail, or None (see :meth:`finish_backward`).
-        peak_before_tail: CUDA: the step's peak up to the tail (the allocator's peak is
-            reset there, to read the tail's own; the caller takes the larger), else None.
+        peak_before_tail: with a probe that has no window, the step's peak up to the tail
+            (its peak is reset there, to read the tail's own; the caller takes the larger),
+            else None.
         side_freed_bytes: bytes of the blocks' other tensor arguments (masks, position
             embeddings: what the model passes every layer besides the hidden states) that
             are freed by the end of forward (:meth:`stop_forward`): a checkpoint keeps its
@@ -250,7 +254,7 @@ class BlockRecorder:
         """The gradient of block ``i``'s input is ready: its backward held the window's top."""
         top = self._window_top()
         self._backward_extra[i] = max(top - self._backward_start.get(i, top), 0)
-        if i == 0 and self.tail:  # the tail starts: a window (CPU) or the allocator's peak (CUDA) of its own
+        if i == 0 and self.tail:  # the tail starts: a window of its own (or the probe's peak)
             self.tail_live = self.probe.live_bytes
             if self.windowed:
                 self.probe.reset_window()
@@ -260,7 +264,7 @@ class BlockRecorder:
 
     def finish_backward(self, backward_peak: int) -> None:
         """After ``backward()``: a block whose input needed no gradient ends with backward
-        (its window up to now; on CUDA ``backward_peak``); the tail's top is read."""
+        (its window up to now; without windows ``backward_peak``); the tail's top is read."""
         for i in self._backward_start.keys() - self._backward_extra.keys():
             top = self.probe.window_peak_bytes if self.windowed else backward_peak
             self._backward_extra[i] = max(top - self._backward_start[i], 0)

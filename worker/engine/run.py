@@ -299,7 +299,7 @@ def _measure(
         if spec.memory_limit_bytes is not None:
             total = torch.cuda.get_device_properties(dev).total_memory
             torch.cuda.set_per_process_memory_fraction(min(1.0, spec.memory_limit_bytes / total), dev)
-        torch.cuda.reset_peak_memory_stats(dev)
+        meter.probe.reset_peak()  # through the probe: it keeps its windows' top (CudaProbe)
         if whole_run:
             torch.cuda.memory._record_memory_history(max_entries=SNAPSHOT_MAX_ENTRIES)
     elif spec.memory_snapshot:

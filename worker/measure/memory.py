@@ -344,12 +344,28 @@ class LiveTensorTracker(TorchDispatchMode):
 class CudaProbe:
     """The CUDA caching allocator's statistics for one device (``torch.cuda``).
 
-    ``live_bytes`` is ``memory_allocated``, ``peak_bytes`` ``max_memory_allocated`` since
-    :meth:`reset_peak` and ``reserved_bytes`` ``memory_reserved``; all in bytes.
+    ``live_bytes`` is ``memory_allocated``, ``peak_bytes`` the highest ``memory_allocated``
+    since :meth:`reset_peak`, ``window_peak_bytes`` the highest since :meth:`reset_window`
+    (``max_memory_allocated``: the allocator keeps one peak, so a window resets it and
+    the probe keeps the earlier windows' top), and ``reserved_bytes`` ``memory_reserved``;
+    all in bytes. The allocator's statistics are kept on the host as it allocates, so
+    reading them needs no ``torch.cuda.synchronize``.
+
+    The window is what the planner's block profile reads a block's forward and backward
+    temporaries with (:class:`ckptlab.worker.engine.block_profile.BlockRecorder`), as on
+    CPU with the live-tensor tracker: without it they read as 0 on CUDA, and a plan whose
+    last checkpointed segment held two blocks peaked 2,100,012 B above its prediction and
+    its budget on an H200 (the built-in transformer 4x128, seq 256, batch 4;
+    docs/benchmarks.md, "2026-11-27: the lent H200 again").
+
+    Known limitations:
+        Code that calls ``torch.cuda.reset_peak_memory_stats`` itself while a probe's
+        window is open loses that probe's earlier windows' top: go through the probe.
     """
 
     def __init__(self, device: torch.device):
         self.device = device
+        self._earlier_top = 0  # the highest allocated bytes of the windows before this one
 
     @property
     def live_bytes(self) -> int:
@@ -357,6 +373,10 @@ class CudaProbe:
 
     @property
     def peak_bytes(self) -> int:
+        return max(self._earlier_top, torch.cuda.max_memory_allocated(self.device))
+
+    @property
+    def window_peak_bytes(self) -> int:
         return torch.cuda.max_memory_allocated(self.device)
 
     @property
@@ -364,5 +384,11 @@ class CudaProbe:
         return torch.cuda.memory_reserved(self.device)
 
     def reset_peak(self) -> None:
-        """Start a new peak window (``torch.cuda.reset_peak_memory_stats``)."""
+        """Start a new peak (``torch.cuda.reset_peak_memory_stats``; the window too)."""
+        self._earlier_top = 0
+        torch.cuda.reset_peak_memory_stats(self.device)
+
+    def reset_window(self) -> None:
+        """Start a new window; :attr:`peak_bytes` keeps the top of the ones before."""
+        self._earlier_top = self.peak_bytes
         torch.cuda.reset_peak_memory_stats(self.device)

@@ -97,3 +97,49 @@ def test_a_selective_range_is_a_checkpointed_group_under_its_policy():
     reentrant = ck.model_copy(update={"use_reentrant": True})
     with pytest.raises(ValueError, match="use_reentrant=False"):
         apply_strategy(nn.Sequential(nn.Linear(4, 4)), reentrant, device=torch.device("cpu"), ranges=[(0, 1, M)])
+
+
+#: issue 31's transformer (bench/bench_auto_front.py): on an H200 two of auto's plans whose
+#: last checkpointed segment held two blocks peaked 2,100,012 B above their prediction and
+#: budget while the block profile read no temporaries on CUDA.
+FRONT_TRANSFORMER = {
+    "model": {"kind": "transformer", "depth": 4, "d_model": 128, "heads": 4, "seq_len": 256, "vocab_size": 1000},
+    "batch_size": 4,
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "segments",
+    [
+        pytest.param(
+            (Segment(0, 2, True), Segment(2, 4, True)),
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="H200, 2026-11-27: the allocator's peak sits 264,704 B above the live tensors' peak "
+                "(108,397,568 against 108,132,864 B, in segment [0, 2)'s backward) and above the prediction "
+                "(108,133,588 B): bytes the allocator holds that no tensor owns, not yet in the block profile",
+            ),
+        ),
+        (Segment(0, 1, False), Segment(1, 2, True), Segment(2, 4, True)),
+        (Segment(0, 1, True), Segment(1, 2, True), Segment(2, 3, True), Segment(3, 4, True)),
+    ],
+    ids=["two-segments", "keep-then-two", "per-block"],
+)
+def test_a_plan_on_cuda_runs_at_or_under_its_predicted_peak(monkeypatch, segments):
+    def given(blocks, *, budget_bytes, **model):
+        ckpt = tuple(i for s in segments if s.checkpointed for i in range(s.start, s.end))
+        return ChainPlan(segments, ckpt, recompute_ms(blocks, segments), predict_peak(blocks, segments, **model))
+
+    monkeypatch.setattr(autoplan, "plan_chain", given)
+    cuda = {"device": "cuda", "optimizer": "adam", "timed_steps": 0, "verify_gradients": False}
+    none = run_experiment(make_spec(**FRONT_TRANSFORMER, **cuda)).dump()["peak_allocated_bytes"]
+    s = run_experiment(
+        make_spec(**FRONT_TRANSFORMER, **cuda, **{"checkpoint.strategy": "auto", "checkpoint.budget_bytes": none - 1})
+    ).dump()
+    measured, predicted = s["peak_allocated_bytes"], s["predicted_peak_bytes"]
+    # the allocator rounds each block up to 512 B: the prediction may sit that much above
+    assert measured <= predicted <= measured * 1.02, (measured, predicted, s["plan"]["blocks"])
+    assert [tuple(seg[:3]) for seg in s["plan"]["segments"]] == [(x.start, x.end, x.checkpointed) for x in segments]
+    # the block profile reads a block's temporaries on CUDA too (the allocator's peak per window)
+    assert all(b["forward_bytes"] > 0 and b["backward_bytes"] > 0 for b in s["plan"]["blocks"]), s["plan"]["blocks"]

@@ -3,7 +3,7 @@ import gc
 import pytest
 import torch
 
-from ckptlab.worker.measure.memory import LiveTensorTracker, SimulatedOutOfMemoryError
+from ckptlab.worker.measure.memory import CudaProbe, LiveTensorTracker, SimulatedOutOfMemoryError
 
 
 def test_counts_new_storages_and_releases_them():
@@ -97,3 +97,42 @@ def test_bytes_no_tensor_holds_count_as_one_block_replaced_at_each_count():
     assert tracker.live_bytes == 1024 and tracker.peak_bytes == 3072
     tracker.set_untracked(0, "other")
     assert tracker.live_bytes == 0 and tracker.by_category["other"] == 0
+
+
+class _Allocator:
+    """The CUDA caching allocator's three statistics the probe reads, without a GPU."""
+
+    def __init__(self):
+        self.allocated = self.peak = 0
+
+    def allocate(self, n: int) -> None:
+        self.allocated += n
+        self.peak = max(self.peak, self.allocated)
+
+    def reset_peak(self, device=None) -> None:
+        self.peak = self.allocated
+
+
+def test_the_cuda_probes_windows_keep_the_peak_of_the_windows_before(monkeypatch):
+    # The planner's block profile opens a window per block; the step's peak must survive them.
+    alloc = _Allocator()
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: alloc.allocated)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: alloc.peak)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", alloc.reset_peak)
+    probe = CudaProbe(torch.device("cuda"))
+    probe.reset_peak()
+    alloc.allocate(1000)
+    alloc.allocate(-600)  # a temporary of 600 B freed: the top was 1000
+    probe.reset_window()
+    assert (probe.live_bytes, probe.window_peak_bytes, probe.peak_bytes) == (400, 400, 1000)
+    alloc.allocate(300)
+    alloc.allocate(-300)
+    assert (probe.window_peak_bytes, probe.peak_bytes) == (700, 1000)
+    probe.reset_window()
+    alloc.allocate(900)
+    assert (probe.window_peak_bytes, probe.peak_bytes) == (1300, 1300)
+    probe.reset_peak()  # a new peak forgets the earlier windows
+    assert probe.peak_bytes == probe.window_peak_bytes == 1300
+    alloc.allocate(-1300)
+    probe.reset_peak()
+    assert probe.peak_bytes == 0
