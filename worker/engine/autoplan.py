@@ -60,8 +60,11 @@ Known limitations:
       (the engine's contract for every kind).
     - On CUDA the allocator rounds allocations up (512 B blocks) and keeps workspaces; the
       profile sees them as the run will, but cuBLAS workspaces created after the profile
-      step are not in the calibration. The margin-free prediction has been checked on
-      CPU only.
+      step are not in the calibration. On CUDA the margin-free prediction has been
+      checked on one card (an H200, docs/benchmarks.md "2026-11-27: the lent H200
+      again"): 12 of 12 plans of issue 31's transformer 212 B above their measured peak,
+      and a forced plan of two two-block segments 264,704 B below it (bytes the allocator
+      holds that no tensor owns, in the first segment's backward).
     - Under ``amp`` (autocast), a checkpointed block's parameter casts stay in autocast's
       cast cache until the forward ends; the model does not count them: on the built-in
       transformer with bf16, 1,152 B per checkpointed block (its four biases' bf16 copies)
