@@ -8,7 +8,7 @@ on CPU, the allocator on CUDA):
 - per block (:class:`ckptlab.worker.engine.block_profile.BlockRecorder`): bytes alive after its forward
   minus before (``retained``), its forward's temporaries, its backward's, its input and
   output bytes, whether its output is already freed when its gradient arrives, what its
-  forward holds up to the last tensor it saves (where a recomputation stops; CPU) and its
+  forward holds up to the last tensor it saves (where a recomputation stops) and its
   parameters' gradient bytes;
 - the fixed memory: what is alive when the forward starts (parameters, buffers, the
   batch), the optimizer state after the step, the stem's activations and the blocks'
@@ -418,8 +418,8 @@ def _profile_step(
         recorder.stop_forward()
         loss.backward()
         meter.sync()
-        fb_peak = max(probe.peak_bytes, recorder.peak_before_tail or 0)
-        recorder.finish_backward(fb_peak)
+        fb_peak = probe.peak_bytes  # the probe keeps the top of the recorder's windows
+        recorder.finish_backward()
     del out, loss, x, y
     probe.reset_peak()
     opt.step()

@@ -70,17 +70,15 @@ class BlockRecorder:
 
     Args:
         blocks: the chain's blocks.
-        meter: the run's instruments.
-        tail: read the tail (:attr:`tail_live`, :attr:`tail_top`; default False). With a
-            probe that has no window that resets its peak mid-backward: only for a step
-            whose peak the caller reads as ``max(peak_before_tail, peak)`` (the planner's
-            profile step).
+        meter: the run's instruments; its probe has windows (``reset_window``,
+            ``window_peak_bytes``), as every probe of the engine does.
+        tail: read the tail (:attr:`tail_live`, :attr:`tail_top`; default False).
         clock: what ``forward_ms`` is read with, in seconds (default ``time.perf_counter``;
             a prediction's proxy on fake tensors, :class:`ckptlab.worker.engine.training.FakeRun`).
         recompute: read each block's ``recompute_bytes`` (default False): a saved-tensor pack
             hook is active through the forward, so only for a step that checkpoints nothing
-            (a checkpoint's own hooks would hide the packs). Where the probe has no window
-            or a block saved nothing through the hook, the field stays None.
+            (a checkpoint's own hooks would hide the packs). Where a block saved nothing
+            through the hook, the field stays None.
 
     Attributes:
         first_live: live bytes when the first block started (the stem's end), or None.
@@ -90,9 +88,6 @@ class BlockRecorder:
             blocks' backward is over; the rest of backward, the stem's, is the "tail"), or
             None when that input needs no gradient (no tail) or ``tail`` is False.
         tail_top: the most live bytes in the tail, or None (see :meth:`finish_backward`).
-        peak_before_tail: with a probe that has no window, the step's peak up to the tail
-            (its peak is reset there, to read the tail's own; the caller takes the larger),
-            else None.
         side_freed_bytes: bytes of the blocks' other tensor arguments (masks, position
             embeddings: what the model passes every layer besides the hidden states) that
             are freed by the end of forward (:meth:`stop_forward`): a checkpoint keeps its
@@ -108,18 +103,14 @@ class BlockRecorder:
         recompute: bool = False,
     ):
         self.blocks, self.meter, self.probe, self.tail, self.clock = blocks, meter, meter.probe, tail, clock
-        self.windowed = hasattr(self.probe, "reset_window")
         # The block whose forward is running, and the window's top at its last saved tensor.
         self._running: int | None = None
         self._last_pack: dict[int, int] = {}
-        self._packing = (
-            torch.autograd.graph.saved_tensors_hooks(self._pack, _same) if recompute and self.windowed else None
-        )
+        self._packing = torch.autograd.graph.saved_tensors_hooks(self._pack, _same) if recompute else None
         self.first_live: int | None = None
         self.blocks_backward_live: int | None = None
         self.tail_live: int | None = None
         self.tail_top: int | None = None
-        self.peak_before_tail: int | None = None
         self._seen: dict[int, tuple[int, float, int]] = {}
         self._profiles: list[BlockProfile | None] = [None] * len(blocks)
         self._backward_start: dict[int, int] = {}
@@ -162,9 +153,6 @@ class BlockRecorder:
             h.remove()
         self._hooks.clear()
 
-    def _window_top(self) -> int:
-        return self.probe.window_peak_bytes if self.windowed else self.probe.live_bytes
-
     def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
         """A tensor saved for backward: in a block's forward, the window's top so far. Saved
         as a detached alias (the same storage): the tensor itself, an op's output, would tie
@@ -181,8 +169,7 @@ class BlockRecorder:
                 self.first_live = self.probe.live_bytes
             self._seen[i] = (self.probe.live_bytes, self.clock(), tensor_bytes(hidden))
             self._in_storage = {hidden.untyped_storage()._cdata} if isinstance(hidden, torch.Tensor) else set()
-            if self.windowed:
-                self.probe.reset_window()
+            self.probe.reset_window()
             if isinstance(hidden, torch.Tensor) and hidden.requires_grad:
                 last = self._last_output
                 if last is not None and last[0] == i - 1 and last[1]() is hidden:
@@ -204,7 +191,7 @@ class BlockRecorder:
             self._running = None
             live, start, in_bytes = self._seen[i]
             after = self.probe.live_bytes
-            top = self._window_top() if self.windowed else after
+            top = self.probe.window_peak_bytes
             hidden = first_tensor(output)
             if isinstance(hidden, torch.Tensor) and hidden.requires_grad:
                 hidden.register_hook(self._output_grad(i))
@@ -238,8 +225,7 @@ class BlockRecorder:
                 self._released[i] = self._profiles[i].out_bytes if self._profiles[i] is not None else 0
             if i == len(self.blocks) - 1:
                 self.blocks_backward_live = self.probe.live_bytes
-            if self.windowed:
-                self.probe.reset_window()
+            self.probe.reset_window()
 
         return hook
 
@@ -252,25 +238,19 @@ class BlockRecorder:
 
     def _end_backward(self, i: int) -> None:
         """The gradient of block ``i``'s input is ready: its backward held the window's top."""
-        top = self._window_top()
+        top = self.probe.window_peak_bytes
         self._backward_extra[i] = max(top - self._backward_start.get(i, top), 0)
-        if i == 0 and self.tail:  # the tail starts: a window of its own (or the probe's peak)
+        if i == 0 and self.tail:  # the tail starts: a window of its own
             self.tail_live = self.probe.live_bytes
-            if self.windowed:
-                self.probe.reset_window()
-            else:
-                self.peak_before_tail = self.probe.peak_bytes
-                self.probe.reset_peak()
+            self.probe.reset_window()
 
-    def finish_backward(self, backward_peak: int) -> None:
+    def finish_backward(self) -> None:
         """After ``backward()``: a block whose input needed no gradient ends with backward
-        (its window up to now; without windows ``backward_peak``); the tail's top is read."""
+        (its window up to now); the tail's top is read."""
         for i in self._backward_start.keys() - self._backward_extra.keys():
-            top = self.probe.window_peak_bytes if self.windowed else backward_peak
-            self._backward_extra[i] = max(top - self._backward_start[i], 0)
+            self._backward_extra[i] = max(self.probe.window_peak_bytes - self._backward_start[i], 0)
         if self.tail_live is not None:
-            top = self.probe.window_peak_bytes if self.windowed else self.probe.peak_bytes
-            self.tail_top = max(top, self.tail_live)
+            self.tail_top = max(self.probe.window_peak_bytes, self.tail_live)
 
     def profiles(self) -> list[BlockProfile]:
         """One profile per block, in order.

@@ -353,14 +353,18 @@ class CudaProbe:
 
     The window is what the planner's block profile reads a block's forward and backward
     temporaries with (:class:`ckptlab.worker.engine.block_profile.BlockRecorder`), as on
-    CPU with the live-tensor tracker: without it they read as 0 on CUDA, and a plan whose
+    CPU with the live-tensor tracker: without it a block's forward temporaries read as 0 on
+    CUDA and its backward's as the live bytes at its end, and a plan whose
     last checkpointed segment held two blocks peaked 2,100,012 B above its prediction and
     its budget on an H200 (the built-in transformer 4x128, seq 256, batch 4;
     docs/benchmarks.md, "2026-11-27: the lent H200 again").
 
     Known limitations:
-        Code that calls ``torch.cuda.reset_peak_memory_stats`` itself while a probe's
-        window is open loses that probe's earlier windows' top: go through the probe.
+        Code that calls ``torch.cuda.reset_peak_memory_stats`` itself loses the open
+        window's top so far, and does not start a new peak for :attr:`peak_bytes` (the
+        earlier windows' top stays): go through :meth:`reset_peak` and
+        :meth:`reset_window`. (The reset also restarts the allocator's reserved, active and
+        requested peaks; nothing in ckptlab reads them.)
     """
 
     def __init__(self, device: torch.device):

@@ -115,7 +115,7 @@ FRONT_TRANSFORMER = {
         pytest.param(
             (Segment(0, 2, True), Segment(2, 4, True)),
             marks=pytest.mark.xfail(
-                strict=True,
+                strict=False,  # (the excess is the card's: another may pass, and report XPASS)
                 reason="H200, 2026-11-27: the allocator's peak sits 264,704 B above the live tensors' peak "
                 "(108,397,568 against 108,132,864 B, in segment [0, 2)'s backward) and above the prediction "
                 "(108,133,588 B): bytes the allocator holds that no tensor owns, not yet in the block profile",

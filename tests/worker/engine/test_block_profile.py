@@ -26,7 +26,7 @@ def record(recompute: bool = False, **overrides) -> list[BlockProfile]:
             loss = built.loss_fn(built.module(x), y)
             recorder.stop_forward()
             loss.backward()
-            recorder.finish_backward(meter.probe.peak_bytes)
+            recorder.finish_backward()
     return recorder.profiles()
 
 

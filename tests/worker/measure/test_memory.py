@@ -128,7 +128,8 @@ def test_the_cuda_probes_windows_keep_the_peak_of_the_windows_before(monkeypatch
     alloc.allocate(300)
     alloc.allocate(-300)
     assert (probe.window_peak_bytes, probe.peak_bytes) == (700, 1000)
-    probe.reset_window()
+    probe.reset_window()  # a window whose top is below an earlier one's keeps the earlier top
+    assert (probe.window_peak_bytes, probe.peak_bytes) == (400, 1000)
     alloc.allocate(900)
     assert (probe.window_peak_bytes, probe.peak_bytes) == (1300, 1300)
     probe.reset_peak()  # a new peak forgets the earlier windows

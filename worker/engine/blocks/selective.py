@@ -154,14 +154,6 @@ def _block(
 ) -> tuple[SelectiveBytes, ...]:
     """``block``'s figures under each policy that saves ops not saved by one before."""
     probe = meter.probe
-    windowed = hasattr(probe, "reset_window")
-
-    def reset() -> None:
-        probe.reset_window() if windowed else probe.reset_peak()
-
-    def top() -> int:
-        return probe.window_peak_bytes if windowed else probe.peak_bytes
-
     args, kwargs = inputs
     seen: list[frozenset[str]] = []
     out = []
@@ -169,7 +161,7 @@ def _block(
         saved: set[str] = set()
         meter.sync()
         before = probe.live_bytes
-        reset()
+        probe.reset_window()
         with torch.enable_grad(), autocast():
             output = checkpoint(
                 block,
@@ -180,17 +172,17 @@ def _block(
                 **kwargs,
             )
         meter.sync()
-        after, forward_top = probe.live_bytes, top()
+        after, forward_top = probe.live_bytes, probe.window_peak_bytes
         hidden = first_tensor(output)
         if not isinstance(hidden, torch.Tensor) or not hidden.requires_grad:
             return ()  # nothing to recompute: the block has no backward
         grad = torch.ones_like(hidden)
         meter.sync()
         start = probe.live_bytes
-        reset()
+        probe.reset_window()
         hidden.backward(grad)
         meter.sync()
-        backward_top = top()
+        backward_top = probe.window_peak_bytes
         for t in [*block.parameters(), *tree_leaves(inputs)]:
             if isinstance(t, torch.Tensor):
                 t.grad = None
