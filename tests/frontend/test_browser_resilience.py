@@ -144,8 +144,8 @@ def test_a_live_stream_resumes_after_a_backend_restart_with_no_step_missed_or_re
     try:
         wait_healthy(url, backend, log)
         long_run = {
-            "model": {"kind": "mlp", "depth": 2, "width": 32},
-            "batch_size": 8,
+            "model": {"kind": "mlp", "depth": 8, "width": 256},
+            "batch_size": 64,
             "steps": 100000,
             "timed_steps": 0,
             "memory_early_stop": False,
