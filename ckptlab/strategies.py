@@ -35,6 +35,7 @@ from types import MappingProxyType
 from typing import Any, Protocol
 
 __all__ = [
+    "CompileScope",
     "Mechanism",
     "SelectivePolicy",
     "Strategy",
@@ -80,6 +81,17 @@ class SelectivePolicy(StrEnum):
     SAVE_MATMULS_AND_ATTENTION = "save_matmuls_and_attention"
     #: Save nothing extra: the same as plain checkpointing.
     RECOMPUTE_ALL = "recompute_all"
+
+
+class CompileScope(StrEnum):
+    """What :attr:`Mechanism.COMPILE` compiles (``checkpoint.compile_scope``)."""
+
+    #: The block list as one function; the stem, the head and the loss run eagerly.
+    BLOCKS = "blocks"
+    #: The model's whole forward and the loss as one function: the min-cut partitioner
+    #: also chooses what the head and the loss save for backward (a cross-entropy's
+    #: log-probabilities, which eager autograd keeps, it can recompute from the logits).
+    STEP = "step"
 
 
 class _CheckpointFields(Protocol):
@@ -320,8 +332,8 @@ register_strategy(
     Strategy(
         name="compile_budget",
         summary="torch.compile with an activation memory budget (0-1)",
-        label="compile_budget ({activation_memory_budget})",
-        fields=("activation_memory_budget",),
+        label="compile_budget ({activation_memory_budget}, {compile_scope})",
+        fields=("activation_memory_budget", "compile_scope"),
         mechanism=Mechanism.COMPILE,
         groups=lambda n, ck: [(0, n)],
         rank=60,

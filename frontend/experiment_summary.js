@@ -8,7 +8,7 @@ import {
 import { CATEGORIES } from './charts.js';
 import { batchText, distributedRows } from './distributed.js';
 import { renderRanks } from './ranks.js';
-import { compiledNotRun, overheadWords } from './plan_overhead.js';
+import { compiledNotRun, overheadWords, scopeWords } from './plan_overhead.js';
 
 // ------------------------------------------------------------------ rendering
 
@@ -24,7 +24,7 @@ export function setStatus(status) {
 function planText(plan) {
   const c = plan.compiled;
   if (c && c.chosen) {
-    return `torch.compile at activation memory budget ${c.activation_memory_budget}, measured at ${fmtBytes(c.peak_bytes)} `
+    return `torch.compile ${scopeWords(c)} at activation memory budget ${c.activation_memory_budget}, measured at ${fmtBytes(c.peak_bytes)} `
       + `(${c.probes.length} budgets tried); measurably cheaper than the eager plan (${eagerPlanText(plan)})`;
   }
   return c ? `${eagerPlanText(plan)}; ${compiledNotRun(c)}` : eagerPlanText(plan);

@@ -354,7 +354,7 @@ export function fillForm(spec, { axes } = {}) {
   fillModel(m);
   const ck = spec.checkpoint || {};
   $('checkpoint.strategy').value = ck.strategy || BASELINE;
-  for (const key of ['segments', 'every', 'policy', 'activation_memory_budget', 'search_compile', 'use_reentrant', 'preserve_rng_state']) {
+  for (const key of ['segments', 'every', 'policy', 'activation_memory_budget', 'compile_scope', 'search_compile', 'use_reentrant', 'preserve_rng_state']) {
     setControl($(`checkpoint.${key}`), ck[key]);
   }
   $('checkpoint.budget_bytes').value = ck.budget_bytes ? String(ck.budget_bytes) : '';

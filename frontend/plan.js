@@ -13,7 +13,7 @@ import { PLOT_CONFIG, baseLayout } from './charts.js';
 import { parseBytes } from './budget.js';
 import { SEPARATE, budgetLine, frontFigure, frontPoints, intervalText, pairedOf, peakAxis, placeLabels, setting, unitOf } from './plan_front.js';
 import { TARGETS, submitPrediction } from './prediction.js';
-import { compiledNotRun, overheadWords, predictedPct } from './plan_overhead.js';
+import { compiledNotRun, overheadWords, predictedPct, scopeWords } from './plan_overhead.js';
 
 const POLL_MS = 2000;
 let timer = null;
@@ -151,7 +151,7 @@ function blockDiagram(plan, auto) {
   const c = plan.compiled && plan.compiled.chosen ? plan.compiled : null; // auto's compiled choice (search_compile)
   if (c) {
     return el('div', null,
-      el('p', { class: 'small', id: 'plan-compiled' }, `auto runs torch.compile at activation memory budget ${c.activation_memory_budget}: `
+      el('p', { class: 'small', id: 'plan-compiled' }, `auto runs torch.compile ${scopeWords(c)} at activation memory budget ${c.activation_memory_budget}: `
         + `measured at ${fmtBytes(c.peak_bytes)} after ${c.probes.length} budgets tried, measurably cheaper than its eager plan below.`),
       el('div', { class: 'block-row', id: 'plan-blocks-row', role: 'img', 'aria-label': `eager plan: ${n} of ${plan.blocks.length} blocks checkpointed` }, ...boxes),
       el('p', { class: 'small', id: 'plan-overhead' }, `Step-time overhead over ${BASELINE}: `,

@@ -9,6 +9,13 @@ import { intervalText } from './plan_front.js';
 
 const pct = (f) => (Number.isFinite(f) ? 100 * f : null);
 
+/** What auto's compiled choice (plan.compiled) compiles, in words: "on the whole step
+ * (forward and loss)" or "on the blocks"; plans stored before compile_scope existed compiled
+ * the blocks. */
+export function scopeWords(c) {
+  return c && c.compile_scope === 'step' ? 'on the whole step (forward and loss)' : 'on the blocks';
+}
+
 /** Why auto's torch.compile search (plan.compiled, checkpoint.search_compile) did not run
  * the compiler: "torch.compile tried (3 budgets): none fits the budget"; '' when it ran it
  * or did not search. The experiment and plan pages say it in the same words. */

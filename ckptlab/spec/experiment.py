@@ -28,7 +28,7 @@ from ckptlab.spec.models import (
     installed_model_names,
 )
 from ckptlab.spec.torchvision_model import TorchvisionModelSpec
-from ckptlab.strategies import BASELINE, SelectivePolicy, get_strategy, strategy_names
+from ckptlab.strategies import BASELINE, CompileScope, SelectivePolicy, get_strategy, strategy_names
 
 __all__ = [
     "MLPSpec",
@@ -102,6 +102,12 @@ class CheckpointSpec(_Strict):
             activation memory ``torch.compile``'s min-cut partitioner may save
             (``torch._functorch.config.activation_memory_budget``; 1.0: save what the
             default partitioner saves, 0.0: recompute everything it can). Default 0.5.
+        compile_scope: for ``compile_budget``: what ``torch.compile`` compiles: ``blocks``
+            (the block list as one function; the stem, the head and the loss stay eager) or
+            ``step`` (the whole forward and the loss as one function, so the partitioner
+            also decides what the head and the loss save: on the built-in transformer 4x128,
+            seq 256, a lower peak than ``blocks`` at every budget tried, for no measured time;
+            docs/benchmarks.md). Default ``blocks``.
         search_compile: for ``auto``: also consider ``torch.compile`` under its own
             activation memory budget, each fraction tried measured in the run's process
             (``ckptlab.worker.engine.blocks.compiled``; each costs a compile); the run then
@@ -117,6 +123,10 @@ class CheckpointSpec(_Strict):
     budget_bytes: MemoryBytes | None = Field(None, description="memory budget (bytes) of strategy 'auto'")
     activation_memory_budget: float = Field(
         0.5, ge=0.0, le=1.0, description="fraction of activation memory torch.compile may save ('compile_budget')"
+    )
+    compile_scope: Annotated[CompileScope, Field(strict=False)] = Field(
+        CompileScope.BLOCKS,
+        description="what strategy 'compile_budget' compiles: the blocks, or the whole forward and loss",
     )
     search_compile: StrictBool = Field(
         False, description="strategy 'auto' also tries torch.compile's own budget, measured (each try compiles)"

@@ -58,6 +58,7 @@ AXIS_NAMES: dict[str, tuple[str, str, str]] = {
     "checkpoint.every": ("every", "group size", "group sizes"),
     "checkpoint.policy": ("policy", "policy", "policies"),
     "checkpoint.activation_memory_budget": ("budget", "activation memory budget", "activation memory budgets"),
+    "checkpoint.compile_scope": ("scope", "compile scope", "compile scopes"),
     "checkpoint.preserve_rng_state": ("rng", "RNG setting", "RNG settings"),
     "checkpoint.use_reentrant": ("reentrant", "reentrant setting", "reentrant settings"),
     "amp": ("amp", "AMP mode", "AMP modes"),

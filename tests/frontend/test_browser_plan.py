@@ -284,14 +284,27 @@ def test_a_plan_that_chose_torch_compile_says_so_on_both_pages(app, tab: Tab) ->
     probes = [
         {"activation_memory_budget": f, "peak_bytes": p * MIB, "compile_ms": 900.0} for f, p in [(1.0, 140), (0.5, 98)]
     ]
-    compiled = {"activation_memory_budget": 0.5, "peak_bytes": 98 * MIB, "chosen": True, "probes": probes}
+    compiled = {
+        "activation_memory_budget": 0.5,
+        "compile_scope": "step",
+        "peak_bytes": 98 * MIB,
+        "chosen": True,
+        "probes": probes,
+    }
     plan_id, ids = insert_plan(app.data_dir, budget=110 * MIB, compiled=compiled)
     page.goto(f"{app.url}/#/plans/{plan_id}")
-    expect(page.locator("#plan-compiled")).to_contain_text("torch.compile at activation memory budget 0.5")
+    words = "torch.compile on the whole step (forward and loss) at activation memory budget 0.5"
+    expect(page.locator("#plan-compiled")).to_contain_text(words)
     expect(page.locator("#plan-compiled")).to_contain_text("2 budgets tried")
     page.goto(f"{app.url}/#/experiments/{ids['strategy=auto segments=2']}")
-    expect(page.locator("#exp-spec")).to_contain_text("torch.compile at activation memory budget 0.5, measured at 98")
+    expect(page.locator("#exp-spec")).to_contain_text(f"{words}, measured at 98")
     expect(page.locator("#exp-spec")).to_contain_text("eager plan (blocks 0–3 checkpointed of 8)")
+    # a plan stored before the scope existed compiled the blocks, and says so
+    plan_id, ids = insert_plan(app.data_dir, budget=110 * MIB, compiled={**compiled, "compile_scope": None})
+    page.goto(f"{app.url}/#/plans/{plan_id}")
+    expect(page.locator("#plan-compiled")).to_contain_text(
+        "torch.compile on the blocks at activation memory budget 0.5"
+    )
     # a candidate that fitted but was not run says why, and the eager plan is the plan
     why = "its gradients differ from the un-checkpointed model's (torch.compile draws other dropout masks)"
     plan_id, ids = insert_plan(app.data_dir, budget=110 * MIB, compiled={**compiled, "chosen": False, "why_not": why})

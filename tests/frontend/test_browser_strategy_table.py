@@ -35,3 +35,18 @@ def test_a_registered_strategy_appears_in_the_form(noop_strategy, client, app_ur
     box.check()
     expect(page.locator("#run-count")).to_contain_text("3 strategies")
     tab.assert_no_errors()
+
+
+def test_compile_budget_shows_what_it_compiles_and_sends_it(app_url: str, tab: Tab) -> None:
+    """``compile_scope`` is one of compile_budget's fields in the table: the form shows its
+    choice for that strategy only, and the choice reaches the spec (the label preview is
+    the strategy table's template over the form's spec)."""
+    page = tab.page
+    page.goto(app_url + "/#/new")
+    expect(page.locator("#checkpoint\\.compile_scope")).to_be_hidden()
+    page.select_option("#checkpoint\\.strategy", "compile_budget")
+    expect(page.locator("#checkpoint\\.compile_scope")).to_be_visible()
+    expect(page.locator("#run-count")).to_contain_text("compile_budget (0.5, blocks)")
+    page.select_option("#checkpoint\\.compile_scope", "step")
+    expect(page.locator("#run-count")).to_contain_text("compile_budget (0.5, step)")
+    tab.assert_no_errors()

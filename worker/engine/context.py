@@ -134,10 +134,9 @@ class RunContext:
         with torch.random.fork_rng(devices=[self.dev] if self.dev.type == "cuda" else []):
             x, y = built.make_batch(spec.batch_size, torch.Generator().manual_seed(spec.seed))
             x, y = x.to(self.dev), y.to(self.dev)
-            with self.autocast():
-                out = built.module(x)
-            built.loss_fn(out, y).backward()
-            del out, x, y
+            out, loss = built.output_and_loss(x, y, self.autocast)
+            loss.backward()
+            del out, loss, x, y
         for p in self.params:
             p.grad = None
         self.meter.sync()

@@ -12,7 +12,7 @@ from torch.utils.checkpoint import set_checkpoint_early_stop
 from ckptlab.spec.experiment import ExperimentSpec
 from ckptlab.strategies import BASELINE
 from ckptlab.worker.engine.strategies import CheckpointedGroup, apply_strategy
-from ckptlab.worker.engine.training import autocast_for
+from ckptlab.worker.engine.training import autocast_for, compile_whole_step
 from ckptlab.worker.measure.memory import LiveTensorTracker
 from ckptlab.worker.models.base import Built
 from ckptlab.worker.models.build import build_model
@@ -144,9 +144,7 @@ def _seeded_forward(spec: ExperimentSpec, autocast: Callable[[], Any], x: torch.
         # the output too (one counting rule, so a finding comparing them cannot fire on
         # identical settings).
         torch.manual_seed(spec.seed + 1)
-        with autocast():
-            out = built.module(x)
-        return out, built.loss_fn(out, y)
+        return built.output_and_loss(x, y, autocast)
 
     return forward
 
@@ -184,6 +182,7 @@ def _checkpointed_copy(
     ck.module.to(dev).train()
     ck_params = list(ck.module.parameters())
     apply_strategy(ck.blocks, spec.checkpoint, device=dev, ranges=ranges)
+    compile_whole_step(ck, spec, dev)
     return ck, ck_params
 
 

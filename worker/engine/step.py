@@ -63,9 +63,8 @@ def timed_step(run: StepContext) -> dict[str, Any]:
         x, y = x.to(dev), y.to(dev)
         where["phase"] = "forward"
         clock.mark("forward")
-        with autocast():
-            out = built.module(x)
-        loss = built.loss_fn(out, y) / spec.grad_accum_steps
+        out, loss = built.output_and_loss(x, y, autocast)
+        loss = loss / spec.grad_accum_steps
         where["phase"] = "backward"
         clock.mark("backward")
         (scaler.scale(loss) if scaler is not None else loss).backward()
@@ -120,9 +119,8 @@ def instrumented_step(run: StepContext) -> dict[str, Any]:
         rng_before = meter.rng_state_bytes
         meter.set_category(MemoryCategory.ACTIVATIONS)
         t0 = time.perf_counter()
-        with autocast():
-            out = built.module(x)
-        loss = built.loss_fn(out, y) / spec.grad_accum_steps
+        out, loss = built.output_and_loss(x, y, autocast)
+        loss = loss / spec.grad_accum_steps
         phase_end("forward", t0)
         meter.set_category(MemoryCategory.OTHER)
         if micro == 0:

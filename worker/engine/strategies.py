@@ -21,7 +21,9 @@ this module carries them out. The built-ins:
   memory via ``torch.autograd.graph.save_on_cpu`` (pinned on CUDA).
 - ``compile_budget``: the blocks run as one group under ``torch.compile`` with
   ``torch._functorch.config.activation_memory_budget`` set, so the compiler's min-cut
-  partitioner decides what to save and what to recompute (:class:`CompiledGroup`).
+  partitioner decides what to save and what to recompute (:class:`CompiledGroup`); with
+  ``compile_scope`` ``step`` the blocks stay as they are and the whole forward and loss are
+  compiled instead (:class:`ckptlab.worker.engine.training.CompiledStep`).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from ckptlab.spec.experiment import CheckpointSpec
-from ckptlab.strategies import Mechanism, SelectivePolicy, get_strategy
+from ckptlab.strategies import CompileScope, Mechanism, SelectivePolicy, get_strategy
 
 __all__ = [
     "CheckpointedGroup",
@@ -395,7 +397,9 @@ def apply_strategy(
     if ranges is None:
         if strategy.planned:
             raise ValueError(f"strategy {ck.strategy!r} is planned at run time: pass its ranges")
-        ranges = strategy.groups(len(blocks), ck) if strategy.mechanism != Mechanism.KEEP else []
+        # (the whole step compiled: the blocks stay as they are; training.CompiledStep)
+        whole = strategy.mechanism == Mechanism.COMPILE and ck.compile_scope == CompileScope.STEP
+        ranges = strategy.groups(len(blocks), ck) if strategy.mechanism != Mechanism.KEEP and not whole else []
     for start, end, *policy in ranges:
         members = [blocks[i] for i in range(start, end)]
         if policy:

@@ -1,6 +1,7 @@
 """Building blocks of a training step shared by the engine, the gradient check and the
-benchmarks: the device and its environment, the checkpointed model, its optimizer and its
-autocast context; and what a run on fake tensors does otherwise (:class:`FakeRun`)."""
+benchmarks: the device and its environment, the checkpointed model (with
+:class:`CompiledStep` when the whole step is compiled), its optimizer and its autocast
+context; and what a run on fake tensors does otherwise (:class:`FakeRun`)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import nn
 
 from ckptlab.spec.experiment import ExperimentSpec
+from ckptlab.strategies import CompileScope, get_strategy
 from ckptlab.worker.engine.strategies import apply_strategy
 from ckptlab.worker.errors import RunError
 from ckptlab.worker.measure.heap import keep_freed_heap
@@ -27,6 +30,8 @@ __all__ = [
     "autocast_for",
     "make_optimizer",
     "build_checkpointed",
+    "CompiledStep",
+    "compile_whole_step",
     "resolve_device",
     "check_supported",
     "environment",
@@ -81,6 +86,49 @@ def make_optimizer(
     return torch.optim.SGD(params, lr=1e-3, **extra)
 
 
+class CompiledStep:
+    """The model's forward and its loss compiled as one function by ``torch.compile``, under
+    ``activation_memory_budget`` as :class:`ckptlab.worker.engine.strategies.CompiledGroup` (``compile_budget`` with
+    ``compile_scope`` ``step``): ``(inputs, targets) -> (output, loss)``, the forward
+    under the run's autocast and the loss outside it, as the eager step computes them
+    (:meth:`ckptlab.worker.models.base.Built.output_and_loss`). With the loss in the graph
+    the partitioner may recompute what an eager cross-entropy keeps (its log-probabilities,
+    one logits-sized tensor) and the head's activations: on the built-in transformer 4x128,
+    seq 256, batch 4 (CPU) it peaked 4-6 MB under ``blocks`` at each budget tried, at no
+    measured time (docs/benchmarks.md). The output is returned as eager code holds it (the
+    step keeps it to the end of backward, as for every strategy).
+
+    Known limitations: as ``CompiledGroup`` (one compiled function per process); a
+    model whose forward breaks dynamo's graph is compiled in pieces, each partitioned apart.
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        loss_fn: Callable[[Any, Any], torch.Tensor],
+        autocast: Callable[[], Any],
+        *,
+        activation_memory_budget: float,
+        backend: str = "inductor",
+    ):
+        torch._dynamo.reset()
+        self.module, self.loss_fn, self.autocast = module, loss_fn, autocast
+        self.activation_memory_budget = activation_memory_budget
+        self.compiled = torch.compile(self._step, backend=backend)
+
+    def _step(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        with self.autocast():
+            out = self.module(x)
+        return out, self.loss_fn(out, y)
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run the compiled step (compiling at the first call)."""
+        import torch._functorch.config as functorch_config
+
+        with functorch_config.patch(activation_memory_budget=self.activation_memory_budget):
+            return self.compiled(x, y)
+
+
 def build_checkpointed(
     spec: ExperimentSpec,
     dev: torch.device,
@@ -95,14 +143,28 @@ def build_checkpointed(
     (``on_recompute`` is called around each recomputation, see
     :func:`ckptlab.worker.engine.strategies.apply_strategy`). ``fake``: the model was built
     on the fake CPU and stays there (see :class:`FakeRun`). ``blocks_as_built``: a list to
-    fill with the blocks before checkpointing regroups them (a sharded run's units)."""
+    fill with the blocks before checkpointing regroups them (a sharded run's units).
+    ``compile_budget`` with ``compile_scope`` ``step`` leaves the blocks and compiles the
+    forward and loss together (:attr:`Built.step_fn`, :class:`CompiledStep`)."""
     torch.manual_seed(spec.seed)
     built = build() if build is not None else build_model(spec.model)
     (built.module if fake else built.module.to(dev)).train()
     if blocks_as_built is not None:
         blocks_as_built.extend(built.blocks)
     apply_strategy(built.blocks, spec.checkpoint, device=dev, on_recompute=on_recompute, ranges=ranges)
+    compile_whole_step(built, spec, dev)
     return built
+
+
+def compile_whole_step(built: Built, spec: ExperimentSpec, dev: torch.device) -> None:
+    """Set ``built.step_fn`` to the forward and loss compiled as one function
+    (:class:`CompiledStep`) when the spec's strategy
+    compiles with ``compile_scope`` ``step``; else leave it."""
+    ck = spec.checkpoint
+    if get_strategy(ck.strategy).compiles and ck.compile_scope == CompileScope.STEP:
+        built.step_fn = CompiledStep(
+            built.module, built.loss_fn, autocast_for(spec, dev), activation_memory_budget=ck.activation_memory_budget
+        )
 
 
 def resolve_device(requested: str) -> torch.device:

@@ -11,6 +11,7 @@ can regroup them (:mod:`ckptlab.worker.engine.strategies`).
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -33,12 +34,28 @@ class Built:
         blocks: the block container inside ``module`` that strategies regroup.
         make_batch: ``(batch_size, generator) -> (inputs, targets)``, on CPU.
         loss_fn: ``(output, targets) -> scalar loss``.
+        step_fn: ``(inputs, targets) -> (output, loss)`` in place of the two calls, or None:
+            the whole forward and loss compiled as one function (``compile_budget`` with
+            ``compile_scope`` ``step``: :class:`ckptlab.worker.engine.training.CompiledStep`).
     """
 
     module: nn.Module
     blocks: nn.Sequential | nn.ModuleList
     make_batch: Callable[[int, torch.Generator], Batch]
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    step_fn: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None
+
+    def output_and_loss(
+        self, x: torch.Tensor, y: torch.Tensor, autocast: Callable[[], AbstractContextManager] = nullcontext
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The model's output on ``x`` (its forward under ``autocast()``) and the loss
+        against ``y``, outside autocast; through :attr:`step_fn` when set (which runs the
+        run's autocast itself)."""
+        if self.step_fn is not None:
+            return self.step_fn(x, y)
+        with autocast():
+            out = self.module(x)
+        return out, self.loss_fn(out, y)
 
 
 def default_loss(out: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

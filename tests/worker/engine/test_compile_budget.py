@@ -8,6 +8,7 @@ import pydantic
 import pytest
 
 from ckptlab.spec.experiment import ExperimentSpec
+from ckptlab.strategies import get_strategy
 from ckptlab.worker.engine.run import run_experiment
 from tests.factories import spec_dict
 
@@ -92,3 +93,50 @@ def test_a_compiled_run_is_paired_with_the_eager_un_checkpointed_step(runs):
         s = runs[budget]
         assert s["paired_with"] == "none" and len(s["paired_baseline_cpu_ms"]) == len(s["step_times_ms"]) == 3
         assert s["paired_overhead"] is not None and s["paired_overhead"]["rounds"] == 3
+
+
+#: A transformer whose eager cross-entropy keeps logits-sized tensors (batch 4 x seq 128 x
+#: vocab 256, fp32: 512 KiB each) beside small blocks.
+LM = {"kind": "transformer", "depth": 2, "d_model": 64, "heads": 2, "seq_len": 128, "vocab_size": 256}
+
+
+@pytest.fixture(scope="module")
+def scoped() -> dict[str, dict]:
+    """compile_budget 1.0 with the blocks compiled and with the whole step compiled."""
+    return {
+        scope: run_experiment(
+            ExperimentSpec.model_validate(
+                spec_dict(
+                    model=LM,
+                    batch_size=4,
+                    timed_steps=2,
+                    checkpoint={"strategy": "compile_budget", "activation_memory_budget": 1.0, "compile_scope": scope},
+                )
+            )
+        ).dump()
+        for scope in ("blocks", "step")
+    }
+
+
+def test_the_whole_step_compiled_keeps_less_than_the_blocks_compiled(scoped):
+    """With the loss in the graph the partitioner need not keep what eager autograd keeps for
+    the cross-entropy (its log-probabilities): a lower peak than the blocks alone compiled,
+    the gradients still matching the eager reference's, and the run says what it compiled."""
+    blocks, step = scoped["blocks"], scoped["step"]
+    assert step["peak_allocated_bytes"] < blocks["peak_allocated_bytes"]
+    assert step["gradient_verdict"] == blocks["gradient_verdict"] == "match"
+    assert step["compile_ms"] > 0 and step["memory_source"].startswith("cpu allocator")
+
+
+def test_the_label_names_the_scope():
+    ck = ExperimentSpec.model_validate(
+        spec_dict(checkpoint={"strategy": "compile_budget", "activation_memory_budget": 0.8, "compile_scope": "step"})
+    ).checkpoint
+    assert get_strategy(ck.strategy).label_for(ck.model_dump()) == "compile_budget (0.8, step)"
+    assert get_strategy(ck.strategy).label_for(ck.model_dump(mode="json")) == "compile_budget (0.8, step)"
+
+
+def test_a_compile_scope_outside_blocks_and_step_is_refused_at_the_field():
+    with pytest.raises(pydantic.ValidationError) as err:
+        ExperimentSpec.model_validate(spec_dict(checkpoint={"strategy": "compile_budget", "compile_scope": "head"}))
+    assert err.value.errors()[0]["loc"][-1] == "compile_scope"

@@ -1,7 +1,9 @@
 """``auto``'s compiled candidates (``checkpoint.search_compile``, issue 31 Done-when #2):
 ``torch.compile`` with its own activation memory budget
 (``torch._functorch.config.activation_memory_budget``, the ``compile_budget`` strategy) as a
-choice beside the eager plan.
+choice beside the eager plan, searched twice (:data:`SCOPES`): with the model's whole
+forward and loss compiled as one function (``compile_scope`` ``step``: the partitioner then
+also chooses what the head and the loss keep) and with the blocks alone (``blocks``).
 
 The min-cut partitioner recomputes fused kernels, which no eager checkpoint can: on the
 built-in transformer 4×128 (seq 256, batch 4, CPU) ``compile_budget`` 0.8 saved 12 MiB of
@@ -10,13 +12,14 @@ built-in transformer 4×128 (seq 256, batch 4, CPU) ``compile_budget`` 0.8 saved
 cannot be modelled from the eager profile, so each candidate is *measured*: built and run
 through the memory pass exactly as a ``compile_budget`` run of the same spec is
 (:class:`ckptlab.worker.engine.context.RunContext`, the CPU allocator's readings on CPU),
-in the run's process, after the eager profile has freed its copy. The fraction is found by
-bisection on a grid of 1/20: the largest whose measured peak fits the budget (the
-partitioner's runtime falls as it may save more). Only the chosen one is timed: paired
-with an un-checkpointed *eager* copy (every run's pairing), so its overhead compares
-with the eager plan's predicted one, both against the step the user runs without
-checkpointing. It is chosen when that interval's upper end is below the eager plan's
-predicted overhead (a difference outside the noise), and then the run compiles.
+in the run's process, after the eager profile has freed its copy. Per scope the fraction is
+found by bisection on a grid of 1/20: the largest whose measured peak fits the budget (the
+partitioner's runtime falls as it may save more). Only those (one per scope) are timed:
+paired with an un-checkpointed *eager* copy (every run's pairing), so their overheads
+compare with the eager plan's predicted one, all against the step the user runs without
+checkpointing; the lower estimate is the candidate. It is chosen when its interval's upper
+end is below the eager plan's predicted overhead (a difference outside the noise), and then
+the run compiles.
 
 Example usage (what :func:`ckptlab.worker.engine.run.run_experiment` does)::
 
@@ -30,7 +33,11 @@ Known limitations:
       chosen from its own measured peak, so the budget holds; a fitting fraction the
       bisection stepped over can be missed. The grid stops at 0.05 for that reason.
     - Each probe compiles (0.3-8 s a fraction here with inductor's cache warm, tens of
-      seconds cold); at most :data:`MAX_PROBES` are made.
+      seconds cold); at most :data:`MAX_PROBES` are made per scope, and two candidates
+      timed.
+    - Of the two scopes' candidates the one with the lower estimate is taken even where
+      their intervals overlap (either fits the budget; the eager plan is only left for a
+      candidate measurably cheaper than it).
     - Not on fake tensors (a prediction), nor in a sharded run (the spec refuses it).
     - Searched only once an eager plan exists: a budget no eager plan fits is refused as
       before (the compiler's lowest peaks lay above per_block's on every model measured).
@@ -52,7 +59,7 @@ import torch
 
 from ckptlab.analysis.stats import paired_ratio_ci
 from ckptlab.spec.experiment import ExperimentSpec
-from ckptlab.strategies import STRATEGIES, get_strategy
+from ckptlab.strategies import STRATEGIES, CompileScope, get_strategy
 from ckptlab.worker.engine.block_timing import TIMING_ROUNDS
 from ckptlab.worker.engine.context import RunContext
 from ckptlab.worker.measure.hostmem import is_out_of_memory
@@ -68,11 +75,20 @@ __all__ = [
     "cheaper",
     "MAX_PROBES",
     "COMPILE",
+    "SCOPES",
     "GRID",
 ]
 
 #: The strategy a compiled candidate runs as (the table's one that compiles).
 COMPILE = next(name for name, s in STRATEGIES.items() if s.compiles)
+#: What the candidates compile, each searched apart: the whole forward and loss, then the
+#: blocks alone. Neither is below the other at every fraction: on the built-in transformer
+#: 4x128 (seq 256, batch 4, CPU) compile_budget 0.8 peaked at 47,068,388 B with ``step``
+#: against 51,547,356 B with ``blocks`` (the partitioner recomputes the cross-entropy's
+#: log-probabilities, which eager code keeps), but on the tests' 2x64 one ``step`` peaked
+#: higher at fractions 0.5 and 0.25 (6,274,044 and 6,409,212 B against 6,162,556 and
+#: 5,903,100 B); docs/benchmarks.md, "the whole step compiled".
+SCOPES = (CompileScope.STEP, CompileScope.BLOCKS)
 #: Fractions searched: 1/20 apart, 0.05 to 1.0.
 GRID = tuple(round(i / 20, 2) for i in range(1, 21))
 #: Most probes one search makes (:func:`largest_fitting` needs at most 6 on :data:`GRID`).
@@ -82,12 +98,13 @@ MAX_PROBES = 7
 @dataclass(frozen=True)
 class CompiledProbe:
     """One fraction tried: its measured peak (bytes, the memory pass's maximum after
-    warm-up, as the run's summary reads it; None when it ran out of memory) and its
-    compile time (ms; 0 when out of memory)."""
+    warm-up, as the run's summary reads it; None when it ran out of memory), its
+    compile time (ms; 0 when out of memory) and what it compiled."""
 
     fraction: float
     peak_bytes: int | None
     compile_ms: float
+    scope: CompileScope = CompileScope.BLOCKS
 
     @property
     def out_of_memory(self) -> bool:
@@ -101,12 +118,16 @@ class CompiledChoice:
 
     Attributes:
         budget_bytes: the budget searched for.
-        probes: every fraction tried, in order.
-        fraction: the largest fraction found fitting, or None (none fits).
+        probes: every fraction tried, in order (each scope's bisection in turn).
+        fraction: the candidate: of each scope's largest fraction found fitting, the one
+            whose paired overhead is lowest (the first found when none was timed), or None
+            (none fits).
+        scope: what the candidate compiles, or None.
         peak_bytes: its measured peak (bytes; a second build, the timed one), or None.
         overhead: its paired overhead over the un-checkpointed eager step
             (``{estimate, low, high}``, fractions, as ``plan.predicted_overhead``; rounds,
             clock), or None.
+        timed: each scope's candidate as timed: ``(scope, fraction, peak_bytes, overhead)``.
         eager_overhead: the eager plan's predicted overhead it was compared with (fraction).
         chosen: whether the run compiles (the upper end of ``overhead`` below
             ``eager_overhead``).
@@ -120,28 +141,31 @@ class CompiledChoice:
     budget_bytes: int
     probes: list[CompiledProbe] = field(default_factory=list)
     fraction: float | None = None
+    scope: CompileScope | None = None
     peak_bytes: int | None = None
     overhead: dict[str, Any] | None = None
+    timed: list[tuple[CompileScope, float, int, dict[str, Any] | None]] = field(default_factory=list)
     eager_overhead: float | None = None
     chosen: bool = False
     why_not: str | None = None
     pairing_skipped: str | None = None
 
     def run_spec(self, spec: ExperimentSpec) -> ExperimentSpec:
-        """``spec`` as the ``compile_budget`` run of the chosen fraction.
+        """``spec`` as the ``compile_budget`` run of the chosen fraction and scope.
 
         Raises:
             ValueError: no fraction was found.
         """
-        if self.fraction is None:
+        if self.fraction is None or self.scope is None:
             raise ValueError("no compiled candidate fits the budget")
-        return compiled_spec(spec, self.fraction)
+        return compiled_spec(spec, self.fraction, self.scope)
 
     def public(self) -> dict[str, Any]:
         """JSON-able: the summary's ``plan.compiled``."""
         return {
             "budget_bytes": self.budget_bytes,
             "activation_memory_budget": self.fraction,
+            "compile_scope": self.scope.value if self.scope is not None else None,
             "peak_bytes": self.peak_bytes,
             "predicted_overhead": self.overhead,
             "eager_overhead": self.eager_overhead,
@@ -150,19 +174,35 @@ class CompiledChoice:
             "probes": [
                 {
                     "activation_memory_budget": p.fraction,
+                    "compile_scope": p.scope.value,
                     "peak_bytes": p.peak_bytes,
                     "compile_ms": p.compile_ms,
                     "out_of_memory": p.out_of_memory,
                 }
                 for p in self.probes
             ],
+            "candidates": [
+                {
+                    "compile_scope": scope.value,
+                    "activation_memory_budget": fraction,
+                    "peak_bytes": peak,
+                    "predicted_overhead": overhead,
+                }
+                for scope, fraction, peak, overhead in self.timed
+            ],
         }
 
 
-def compiled_spec(spec: ExperimentSpec, fraction: float, **update: Any) -> ExperimentSpec:
-    """``spec`` as strategy ``compile_budget`` at ``fraction`` (and ``update``'s fields)."""
+def compiled_spec(spec: ExperimentSpec, fraction: float, scope: CompileScope, **update: Any) -> ExperimentSpec:
+    """``spec`` as strategy ``compile_budget`` at ``fraction`` compiling ``scope`` (and
+    ``update``'s fields)."""
     ck = spec.checkpoint.model_copy(
-        update={"strategy": COMPILE, "activation_memory_budget": fraction, "search_compile": False}
+        update={
+            "strategy": COMPILE,
+            "activation_memory_budget": fraction,
+            "compile_scope": scope,
+            "search_compile": False,
+        }
     )
     return spec.model_copy(update={"checkpoint": ck, **update})
 
@@ -175,9 +215,10 @@ def search_compiled(
     eager_overhead: float | None,
     budget_bytes: int,
 ) -> CompiledChoice:
-    """Bisect :data:`GRID` for the largest fraction whose measured peak is at most
-    ``budget_bytes``, time it paired against the eager un-checkpointed step, and choose it
-    over the eager plan (predicted overhead ``eager_overhead``, a fraction; None: not timed)
+    """Per scope (:data:`SCOPES`), bisect :data:`GRID` for the largest fraction whose
+    measured peak is at most ``budget_bytes`` and time it paired against the eager
+    un-checkpointed step; take the one with the lower overhead, and choose it over the
+    eager plan (predicted overhead ``eager_overhead``, a fraction; None: not timed)
     when its interval lies below (:func:`cheaper`). A candidate that runs out of memory
     does not fit (its probe says ``out_of_memory``, with no peak).
 
@@ -191,7 +232,7 @@ def search_compiled(
     except Exception as exc:  # noqa: BLE001 - the eager plan is still there to run
         line = (str(exc).strip().splitlines() or [""])[0][:200]
         oom = isinstance(exc, torch.OutOfMemoryError) or is_out_of_memory(exc)
-        choice.fraction = choice.peak_bytes = choice.overhead = None
+        choice.fraction = choice.scope = choice.peak_bytes = choice.overhead = None
         what = "ran out of memory timing it" if oom else "could not run it"
         choice.why_not = f"torch.compile {what}: {type(exc).__name__}: {line}"
     finally:
@@ -219,45 +260,59 @@ def _not_compared(choice: CompiledChoice, eager_overhead: float | None, fits: bo
 
 
 def _search(choice: CompiledChoice, spec: ExperimentSpec, dev: torch.device, build: Callable[[], Built] | None) -> None:
-    """:func:`search_compiled`'s bisection and timing, filling in ``choice``."""
+    """:func:`search_compiled`'s bisections and timings, filling in ``choice``."""
     budget_bytes = choice.budget_bytes
-    peaks: dict[float, int | None] = {}  # None: out of memory
+    found: list[tuple[CompileScope, float]] = []
+    for scope in SCOPES:
+        peaks: dict[float, int | None] = {}  # None: out of memory
 
-    def fits(k: int) -> bool:
-        fraction = GRID[k]
-        if fraction not in peaks:
-            try:
-                run = measured_compiled(spec, dev, build, fraction, timed=False)
-                peaks[fraction], compile_ms = _peak(run), run.compile_ms or 0.0
-            except Exception as exc:  # noqa: BLE001 - out of memory: it does not fit, the next may
-                if not (isinstance(exc, torch.OutOfMemoryError) or is_out_of_memory(exc)):
-                    raise  # (the simulated one is a MemoryError, the host's a RuntimeError)
-                peaks[fraction], compile_ms = None, 0.0
-                if dev.type == "cuda":
-                    torch.cuda.empty_cache()
-            choice.probes.append(CompiledProbe(fraction, peaks[fraction], compile_ms))
-        peak = peaks[fraction]
-        return peak is not None and peak <= budget_bytes
+        def fits(k: int, scope: CompileScope = scope, peaks: dict[float, int | None] = peaks) -> bool:
+            fraction = GRID[k]
+            if fraction not in peaks:
+                try:
+                    run = measured_compiled(spec, dev, build, fraction, scope, timed=False)
+                    peaks[fraction], compile_ms = _peak(run), run.compile_ms or 0.0
+                except Exception as exc:  # noqa: BLE001 - out of memory: it does not fit, the next may
+                    if not (isinstance(exc, torch.OutOfMemoryError) or is_out_of_memory(exc)):
+                        raise  # (the simulated one is a MemoryError, the host's a RuntimeError)
+                    peaks[fraction], compile_ms = None, 0.0
+                    if dev.type == "cuda":
+                        torch.cuda.empty_cache()
+                choice.probes.append(CompiledProbe(fraction, peaks[fraction], compile_ms, scope))
+            peak = peaks[fraction]
+            return peak is not None and peak <= budget_bytes
 
-    lo = largest_fitting(fits, len(GRID))
-    if lo is None:
-        return
-    if dev.type == "cuda":  # what the candidates cached is not the timed one's
-        torch.cuda.empty_cache()
-    run = measured_compiled(spec, dev, build, GRID[lo], timed=True)
-    choice.fraction, choice.peak_bytes, choice.pairing_skipped = GRID[lo], _peak(run), run.pairing_skipped
+        k = largest_fitting(fits, len(GRID))
+        if k is not None:
+            found.append((scope, GRID[k]))
     clock = "step_ms" if dev.type == "cuda" else "cpu_ms"
-    mine = [r["step_ms"] if clock == "step_ms" else r["extra"]["cpu_ms"] for r in run.timed]
-    base = [r["step_ms"] if clock == "step_ms" else r["extra"]["cpu_ms"] for r in run.paired]
-    interval = paired_ratio_ci(base, mine)
-    if interval is not None:
-        choice.overhead = {
-            "estimate": interval.estimate_pct / 100,
-            "low": interval.low_pct / 100,
-            "high": interval.high_pct / 100,
-            "rounds": interval.rounds,
-            "clock": "wall time" if clock == "step_ms" else "CPU time",
-        }
+    skipped: list[str | None] = []
+    for scope, fraction in found:
+        if dev.type == "cuda":  # what the candidates cached is not the timed one's
+            torch.cuda.empty_cache()
+        run = measured_compiled(spec, dev, build, fraction, scope, timed=True)
+        mine = [r["step_ms"] if clock == "step_ms" else r["extra"]["cpu_ms"] for r in run.timed]
+        base = [r["step_ms"] if clock == "step_ms" else r["extra"]["cpu_ms"] for r in run.paired]
+        interval = paired_ratio_ci(base, mine)
+        overhead = None
+        if interval is not None:
+            overhead = {
+                "estimate": interval.estimate_pct / 100,
+                "low": interval.low_pct / 100,
+                "high": interval.high_pct / 100,
+                "rounds": interval.rounds,
+                "clock": "wall time" if clock == "step_ms" else "CPU time",
+            }
+        choice.timed.append((scope, fraction, _peak(run), overhead))
+        skipped.append(run.pairing_skipped)
+    if choice.timed:  # the lowest estimate; untimed ones last, in the order found
+        i = min(range(len(choice.timed)), key=lambda j: (choice.timed[j][3] is None, _estimate(choice.timed[j][3]), j))
+        choice.scope, choice.fraction, choice.peak_bytes, choice.overhead = choice.timed[i]
+        choice.pairing_skipped = skipped[i]
+
+
+def _estimate(overhead: dict[str, Any] | None) -> float:
+    return overhead["estimate"] if overhead is not None else 0.0
 
 
 def cheaper(overhead: dict[str, Any] | None, eager_overhead: float | None) -> bool:
@@ -306,15 +361,19 @@ def measured_compiled(
     dev: torch.device,
     build: Callable[[], Built] | None,
     fraction: float,
+    scope: CompileScope = CompileScope.BLOCKS,
     *,
     timed: bool,
-    timed_steps: int = 2 * TIMING_ROUNDS,
+    timed_steps: int = 4 * TIMING_ROUNDS,
 ) -> RunContext:
-    """A ``compile_budget`` run of ``spec`` at ``fraction`` through its memory pass (as
-    :func:`ckptlab.worker.engine.run.run_experiment` sets one up: dynamo's caches freed
-    first, the allocator's readings on CPU), then, if ``timed``, ``timed_steps`` (default
-    :data:`TIMING_ROUNDS` x 2) timed steps paired with an eager un-checkpointed copy (``run.timed`` and
-    ``run.paired``, step records). RNG state restored after.
+    """A ``compile_budget`` run of ``spec`` at ``fraction`` compiling ``scope`` through its
+    memory pass (as :func:`ckptlab.worker.engine.run.run_experiment` sets one up: dynamo's
+    caches freed first, the allocator's readings on CPU), then, if ``timed``,
+    ``timed_steps`` timed steps paired with an eager un-checkpointed copy (``run.timed`` and
+    ``run.paired``, step records). RNG state restored after. The default,
+    :data:`TIMING_ROUNDS` x 4 (24): on a host whose step CPU times moved by up to 2x from
+    step to step, 12 paired steps gave intervals 20-30 points wide and the choice against
+    the eager plan flipped from run to run (docs/benchmarks.md, "the whole step compiled").
 
     Raises:
         Whatever the run raises (a compile error, ``torch.OutOfMemoryError``).
@@ -322,6 +381,7 @@ def measured_compiled(
     cspec = compiled_spec(
         spec,
         fraction,
+        scope,
         timed_steps=timed_steps if timed else 0,
         paired_timing=True,
         verify_gradients=False,
