@@ -64,7 +64,8 @@ class Mechanism(StrEnum):
     #: ``torch.autograd.graph.save_on_cpu`` per group: no recomputation, the tensors saved
     #: for backward live in host memory (pinned on CUDA).
     SAVE_ON_CPU = "save_on_cpu"
-    #: ``torch.compile`` per group with ``torch._functorch.config.activation_memory_budget``:
+    #: ``torch.compile`` per group, or over the whole forward and loss (``compile_scope``,
+    #: :class:`CompileScope`), with ``torch._functorch.config.activation_memory_budget``:
     #: the compiler's min-cut partitioner chooses what to save and what to recompute
     #: (PyTorch blog "Activation checkpointing techniques", 2025). Its memory is read from
     #: the allocator (the CPU tracker cannot watch compiled code: issue 21).

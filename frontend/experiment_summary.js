@@ -25,7 +25,7 @@ function planText(plan) {
   const c = plan.compiled;
   if (c && c.chosen) {
     return `torch.compile ${scopeWords(c)} at activation memory budget ${c.activation_memory_budget}, measured at ${fmtBytes(c.peak_bytes)} `
-      + `(${c.probes.length} budgets tried); measurably cheaper than the eager plan (${eagerPlanText(plan)})`;
+      + `(${c.probes.length} compiled builds tried); measurably cheaper than the eager plan (${eagerPlanText(plan)})`;
   }
   return c ? `${eagerPlanText(plan)}; ${compiledNotRun(c)}` : eagerPlanText(plan);
 }

@@ -152,7 +152,7 @@ function blockDiagram(plan, auto) {
   if (c) {
     return el('div', null,
       el('p', { class: 'small', id: 'plan-compiled' }, `auto runs torch.compile ${scopeWords(c)} at activation memory budget ${c.activation_memory_budget}: `
-        + `measured at ${fmtBytes(c.peak_bytes)} after ${c.probes.length} budgets tried, measurably cheaper than its eager plan below.`),
+        + `measured at ${fmtBytes(c.peak_bytes)} after ${c.probes.length} compiled builds tried, measurably cheaper than its eager plan below.`),
       el('div', { class: 'block-row', id: 'plan-blocks-row', role: 'img', 'aria-label': `eager plan: ${n} of ${plan.blocks.length} blocks checkpointed` }, ...boxes),
       el('p', { class: 'small', id: 'plan-overhead' }, `Step-time overhead over ${BASELINE}: `,
         overheadWords(plan, auto && auto.status === STATUS.SUCCEEDED ? auto.paired_overhead : null)));

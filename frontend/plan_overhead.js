@@ -17,12 +17,12 @@ export function scopeWords(c) {
 }
 
 /** Why auto's torch.compile search (plan.compiled, checkpoint.search_compile) did not run
- * the compiler: "torch.compile tried (3 budgets): none fits the budget"; '' when it ran it
+ * the compiler: "torch.compile tried (3 compiled builds): none fits the budget"; '' when it ran it
  * or did not search. The experiment and plan pages say it in the same words. */
 export function compiledNotRun(c) {
   if (!c || c.chosen) return '';
   const why = c.why_not || (c.activation_memory_budget === null ? 'none fits the budget' : 'not measurably cheaper');
-  return `torch.compile tried (${c.probes.length} budgets): ${why}`;
+  return `torch.compile tried (${c.probes.length} compiled builds): ${why}`;
 }
 
 /** A predicted overhead in % ({estimate_pct, low_pct, high_pct}) from what the planner stores

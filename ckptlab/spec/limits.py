@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ckptlab.settings import Settings
 from ckptlab.spec.experiment import CheckpointSpec, ExperimentSpec
 from ckptlab.spec.kinds import MODEL_KIND_TABLE, ActivationFloor
-from ckptlab.strategies import BASELINE, Mechanism, Strategy, get_strategy
+from ckptlab.strategies import BASELINE, CompileScope, Mechanism, Strategy, get_strategy
 
 __all__ = [
     "estimate_param_count",
@@ -94,10 +94,23 @@ HALF_BYTES = 2
 
 
 def _model_floor(spec: ExperimentSpec) -> ActivationFloor | None:
-    """The model kind's activation floor per sample at the spec's precision, or None."""
+    """The model kind's activation floor per sample at the spec's precision, or None. Where
+    the run may compile its loss with the model (``compile_scope`` ``step``, and ``auto``'s
+    compiled search, which tries it), the head's and the loss's term (``kept``) is left
+    out: the partitioner may recompute what eager code keeps there (a cross-entropy's
+    log-probabilities), so only the batch and the blocks' inputs stay a lower bound."""
     entry = MODEL_KIND_TABLE.get(spec.model.kind)
     floor = entry.activation_floor if entry else None
-    return floor(spec.model, PARAM_BYTES if spec.amp == "off" else HALF_BYTES) if floor else None
+    if floor is None:
+        return None
+    found = floor(spec.model, PARAM_BYTES if spec.amp == "off" else HALF_BYTES)
+    return replace(found, kept=0) if _may_compile_the_loss(spec) else found
+
+
+def _may_compile_the_loss(spec: ExperimentSpec) -> bool:
+    ck = spec.checkpoint
+    strategy = get_strategy(ck.strategy)
+    return (strategy.compiles and ck.compile_scope == CompileScope.STEP) or (strategy.planned and ck.search_compile)
 
 
 def _any_plan(blocks: Sequence[int]) -> tuple[int, int]:

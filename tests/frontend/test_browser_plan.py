@@ -295,7 +295,7 @@ def test_a_plan_that_chose_torch_compile_says_so_on_both_pages(app, tab: Tab) ->
     page.goto(f"{app.url}/#/plans/{plan_id}")
     words = "torch.compile on the whole step (forward and loss) at activation memory budget 0.5"
     expect(page.locator("#plan-compiled")).to_contain_text(words)
-    expect(page.locator("#plan-compiled")).to_contain_text("2 budgets tried")
+    expect(page.locator("#plan-compiled")).to_contain_text("2 compiled builds tried")
     page.goto(f"{app.url}/#/experiments/{ids['strategy=auto segments=2']}")
     expect(page.locator("#exp-spec")).to_contain_text(f"{words}, measured at 98")
     expect(page.locator("#exp-spec")).to_contain_text("eager plan (blocks 0–3 checkpointed of 8)")
@@ -309,11 +309,11 @@ def test_a_plan_that_chose_torch_compile_says_so_on_both_pages(app, tab: Tab) ->
     why = "its gradients differ from the un-checkpointed model's (torch.compile draws other dropout masks)"
     plan_id, ids = insert_plan(app.data_dir, budget=110 * MIB, compiled={**compiled, "chosen": False, "why_not": why})
     page.goto(f"{app.url}/#/plans/{plan_id}")
-    expect(page.locator("#plan-compiled")).to_have_text(f"torch.compile tried (2 budgets): {why}.")
+    expect(page.locator("#plan-compiled")).to_have_text(f"torch.compile tried (2 compiled builds): {why}.")
     expect(page.locator("#plan-blocks-row .segment.checkpointed")).to_have_count(1)  # the eager plan, drawn
     page.goto(f"{app.url}/#/experiments/{ids['strategy=auto segments=2']}")
     expect(page.locator("#exp-spec")).to_contain_text(
-        f"blocks 0–3 checkpointed of 8; torch.compile tried (2 budgets): {why}"
+        f"blocks 0–3 checkpointed of 8; torch.compile tried (2 compiled builds): {why}"
     )
     tab.assert_no_errors()
 

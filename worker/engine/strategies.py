@@ -39,7 +39,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from ckptlab.spec.experiment import CheckpointSpec
-from ckptlab.strategies import CompileScope, Mechanism, SelectivePolicy, get_strategy
+from ckptlab.strategies import CompileScope, Mechanism, SelectivePolicy, Strategy, get_strategy
 
 __all__ = [
     "CheckpointedGroup",
@@ -368,6 +368,27 @@ class CompiledGroup(_Group):
             return self.remember(self.compiled(*args, **kwargs))
 
 
+def _ranges(
+    strategy: Strategy, ck: CheckpointSpec, n: int, ranges: Sequence[tuple[int, int] | tuple[int, int, str]] | None
+) -> Sequence[tuple[int, int] | tuple[int, int, str]]:
+    """The block ranges to wrap: ``ranges`` when given, else the strategy table's groups;
+    none where nothing wraps blocks (``none``; the whole step compiled, which
+    :class:`ckptlab.worker.engine.training.CompiledStep` runs instead).
+
+    Raises:
+        ValueError: a planned strategy without its ranges, or ranges with ``compile_scope``
+            ``step``.
+    """
+    whole = strategy.mechanism == Mechanism.COMPILE and ck.compile_scope == CompileScope.STEP
+    if whole and ranges:
+        raise ValueError("compile_scope 'step' compiles the whole forward and loss: it takes no block ranges")
+    if ranges is not None:
+        return ranges
+    if strategy.planned:
+        raise ValueError(f"strategy {ck.strategy!r} is planned at run time: pass its ranges")
+    return strategy.groups(n, ck) if strategy.mechanism != Mechanism.KEEP and not whole else []
+
+
 def apply_strategy(
     blocks: nn.Sequential | nn.ModuleList,
     ck: CheckpointSpec,
@@ -388,18 +409,14 @@ def apply_strategy(
     Raises:
         ValueError: an unknown strategy, or one that needs ``use_reentrant=False`` with
             ``use_reentrant=True`` (PyTorch requires it for ``context_fn``), or a range with a
-            policy under ``use_reentrant=True`` or an unknown policy.
+            policy under ``use_reentrant=True`` or an unknown policy, or ranges with
+            ``compile_scope`` ``step`` (which compiles no block group).
     """
     strategy = get_strategy(ck.strategy)
     if strategy.needs_non_reentrant and ck.use_reentrant:
         raise ValueError(f"strategy {ck.strategy!r} needs use_reentrant=False")
     context_fn = selective_context(ck.policy) if strategy.mechanism == Mechanism.CHECKPOINT_WITH_POLICY else None
-    if ranges is None:
-        if strategy.planned:
-            raise ValueError(f"strategy {ck.strategy!r} is planned at run time: pass its ranges")
-        # (the whole step compiled: the blocks stay as they are; training.CompiledStep)
-        whole = strategy.mechanism == Mechanism.COMPILE and ck.compile_scope == CompileScope.STEP
-        ranges = strategy.groups(len(blocks), ck) if strategy.mechanism != Mechanism.KEEP and not whole else []
+    ranges = _ranges(strategy, ck, len(blocks), ranges)
     for start, end, *policy in ranges:
         members = [blocks[i] for i in range(start, end)]
         if policy:

@@ -62,6 +62,26 @@ def test_a_planned_strategy_is_bounded_by_what_any_plan_keeps():
     assert floor.total <= run_experiment(spec).peak_allocated_bytes
 
 
+def test_a_compiled_loss_leaves_the_heads_term_out_and_stays_under_the_peak():
+    """With the loss compiled into the model's graph (``compile_scope`` ``step``; ``auto``
+    with ``search_compile`` may choose it) the partitioner may recompute the cross-entropy's
+    log-probabilities that the head's term counts: that term is left out, and the bound is
+    still at most the measured peak at both ends of the budget."""
+    from ckptlab.worker.engine.run import run_experiment
+
+    def compiled(scope: str, budget: float) -> ExperimentSpec:
+        ck = {"strategy": "compile_budget", "compile_scope": scope, "activation_memory_budget": budget}
+        return _spec(MODELS["transformer"], ck, timed_steps=0)
+
+    assert estimate_peak_floor(compiled("step", 1.0)).total < estimate_peak_floor(compiled("blocks", 1.0)).total
+    auto = _spec(MODELS["transformer"], {"strategy": "auto", "budget_bytes": 3_500_000, "search_compile": True})
+    eager = _spec(MODELS["transformer"], {"strategy": "auto", "budget_bytes": 3_500_000})
+    assert estimate_peak_floor(auto).total < estimate_peak_floor(eager).total
+    for budget in (1.0, 0.0):
+        spec = compiled("step", budget)
+        assert estimate_peak_floor(spec).total <= run_experiment(spec).peak_allocated_bytes
+
+
 @pytest.mark.parametrize("name", ["mlp", "transformer", "hf_llama", "hf_vit"])
 def test_the_gradient_check_bound_is_at_most_the_checks_peak(name):
     torch = pytest.importorskip("torch")

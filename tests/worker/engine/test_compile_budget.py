@@ -10,6 +10,7 @@ import pytest
 from ckptlab.spec.experiment import ExperimentSpec
 from ckptlab.strategies import get_strategy
 from ckptlab.worker.engine.run import run_experiment
+from ckptlab.worker.engine.training import CompiledStep
 from tests.factories import spec_dict
 
 
@@ -102,10 +103,20 @@ LM = {"kind": "transformer", "depth": 2, "d_model": 64, "heads": 2, "seq_len": 1
 
 @pytest.fixture(scope="module")
 def scoped() -> dict[str, dict]:
-    """compile_budget 1.0 with the blocks compiled and with the whole step compiled."""
-    return {
-        scope: run_experiment(
-            ExperimentSpec.model_validate(
+    """compile_budget 1.0 with the blocks compiled and with the whole step compiled; under
+    ``"calls"``, how many times each ran the compiled step (:class:`CompiledStep`)."""
+    out: dict[str, dict] = {"calls": {}}
+    real = CompiledStep.__call__
+    for scope in ("blocks", "step"):
+        calls = []
+
+        def counted(self, x, y, calls=calls):
+            calls.append(1)
+            return real(self, x, y)
+
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(CompiledStep, "__call__", counted)
+            spec = ExperimentSpec.model_validate(
                 spec_dict(
                     model=LM,
                     batch_size=4,
@@ -113,9 +124,9 @@ def scoped() -> dict[str, dict]:
                     checkpoint={"strategy": "compile_budget", "activation_memory_budget": 1.0, "compile_scope": scope},
                 )
             )
-        ).dump()
-        for scope in ("blocks", "step")
-    }
+            out[scope] = run_experiment(spec).dump()
+        out["calls"][scope] = (len(calls), spec.steps + spec.timed_steps)
+    return out
 
 
 def test_the_whole_step_compiled_keeps_less_than_the_blocks_compiled(scoped):
@@ -126,6 +137,11 @@ def test_the_whole_step_compiled_keeps_less_than_the_blocks_compiled(scoped):
     assert step["peak_allocated_bytes"] < blocks["peak_allocated_bytes"]
     assert step["gradient_verdict"] == blocks["gradient_verdict"] == "match"
     assert step["compile_ms"] > 0 and step["memory_source"].startswith("cpu allocator")
+    # every step of the run went through the compiled step (the compile warm-up and the
+    # gradient check's copy too), and none of the blocks-scope run's did
+    calls, steps = scoped["calls"]["step"]
+    assert calls >= steps + 2
+    assert scoped["calls"]["blocks"][0] == 0
 
 
 def test_the_label_names_the_scope():

@@ -35,9 +35,9 @@ Known limitations:
     - Each probe compiles (0.3-8 s a fraction here with inductor's cache warm, tens of
       seconds cold); at most :data:`MAX_PROBES` are made per scope, and two candidates
       timed.
-    - Of the two scopes' candidates the one with the lower estimate is taken even where
-      their intervals overlap (either fits the budget; the eager plan is only left for a
-      candidate measurably cheaper than it).
+    - Of the two scopes' candidates whose timed build fitted, the one with the lower
+      estimate is taken even where their intervals overlap (either is a fitting choice;
+      the eager plan is only left for a candidate measurably cheaper than it).
     - Not on fake tensors (a prediction), nor in a sharded run (the spec refuses it).
     - Searched only once an eager plan exists: a budget no eager plan fits is refused as
       before (the compiler's lowest peaks lay above per_block's on every model measured).
@@ -69,6 +69,7 @@ from ckptlab.worker.models.base import Built
 __all__ = [
     "CompiledChoice",
     "CompiledProbe",
+    "TimedCandidate",
     "search_compiled",
     "measured_compiled",
     "largest_fitting",
@@ -82,12 +83,9 @@ __all__ = [
 #: The strategy a compiled candidate runs as (the table's one that compiles).
 COMPILE = next(name for name, s in STRATEGIES.items() if s.compiles)
 #: What the candidates compile, each searched apart: the whole forward and loss, then the
-#: blocks alone. Neither is below the other at every fraction: on the built-in transformer
-#: 4x128 (seq 256, batch 4, CPU) compile_budget 0.8 peaked at 47,068,388 B with ``step``
-#: against 51,547,356 B with ``blocks`` (the partitioner recomputes the cross-entropy's
-#: log-probabilities, which eager code keeps), but on the tests' 2x64 one ``step`` peaked
-#: higher at fractions 0.5 and 0.25 (6,274,044 and 6,409,212 B against 6,162,556 and
-#: 5,903,100 B); docs/benchmarks.md, "the whole step compiled".
+#: blocks. Neither peaks lower at every fraction (``step`` 8.7% lower at 0.8 on issue 31's
+#: transformer, higher at 0.5 and 0.25 on the tests' 2x64 one: docs/benchmarks.md, "the
+#: whole step compiled").
 SCOPES = (CompileScope.STEP, CompileScope.BLOCKS)
 #: Fractions searched: 1/20 apart, 0.05 to 1.0.
 GRID = tuple(round(i / 20, 2) for i in range(1, 21))
@@ -112,6 +110,18 @@ class CompiledProbe:
         return self.peak_bytes is None
 
 
+@dataclass(frozen=True)
+class TimedCandidate:
+    """A scope's largest fitting fraction built again and timed: its peak (bytes), paired
+    overhead (as :attr:`CompiledChoice.overhead`) and why it had no paired rounds, or None."""
+
+    scope: CompileScope
+    fraction: float
+    peak_bytes: int
+    overhead: dict[str, Any] | None
+    pairing_skipped: str | None = None
+
+
 @dataclass
 class CompiledChoice:
     """The compiled candidate for a budget and whether ``auto`` runs it.
@@ -127,7 +137,9 @@ class CompiledChoice:
         overhead: its paired overhead over the un-checkpointed eager step
             (``{estimate, low, high}``, fractions, as ``plan.predicted_overhead``; rounds,
             clock), or None.
-        timed: each scope's candidate as timed: ``(scope, fraction, peak_bytes, overhead)``.
+        timed: each scope's candidate as timed (:class:`TimedCandidate`), in search order.
+        errors: per scope whose search raised (not for running out of memory), what
+            ``why_not`` would say.
         eager_overhead: the eager plan's predicted overhead it was compared with (fraction).
         chosen: whether the run compiles (the upper end of ``overhead`` below
             ``eager_overhead``).
@@ -144,7 +156,8 @@ class CompiledChoice:
     scope: CompileScope | None = None
     peak_bytes: int | None = None
     overhead: dict[str, Any] | None = None
-    timed: list[tuple[CompileScope, float, int, dict[str, Any] | None]] = field(default_factory=list)
+    timed: list[TimedCandidate] = field(default_factory=list)
+    errors: dict[CompileScope, str] = field(default_factory=dict)
     eager_overhead: float | None = None
     chosen: bool = False
     why_not: str | None = None
@@ -183,13 +196,14 @@ class CompiledChoice:
             ],
             "candidates": [
                 {
-                    "compile_scope": scope.value,
-                    "activation_memory_budget": fraction,
-                    "peak_bytes": peak,
-                    "predicted_overhead": overhead,
+                    "compile_scope": c.scope.value,
+                    "activation_memory_budget": c.fraction,
+                    "peak_bytes": c.peak_bytes,
+                    "predicted_overhead": c.overhead,
                 }
-                for scope, fraction, peak, overhead in self.timed
+                for c in self.timed
             ],
+            "errors": {scope.value: words for scope, words in self.errors.items()},
         }
 
 
@@ -222,19 +236,26 @@ def search_compiled(
     when its interval lies below (:func:`cheaper`). A candidate that runs out of memory
     does not fit (its probe says ``out_of_memory``, with no peak).
 
-    A model torch.compile cannot run (a compile error, anything the compiled run raises
-    but running out of memory) is no candidate: the search ends there, the eager plan runs,
-    and ``why_not`` gives the error's first line. Nothing is raised.
+    A scope torch.compile cannot run (a compile error, anything the compiled run raises
+    but running out of memory) gives no candidate: its search ends there (``errors``),
+    the other scope's goes on; with no candidate at all the eager plan runs and
+    ``why_not`` gives the first error's first line. Nothing is raised.
     """
     choice = CompiledChoice(budget_bytes=budget_bytes, eager_overhead=eager_overhead)
     try:
-        _search(choice, spec, dev, build)
-    except Exception as exc:  # noqa: BLE001 - the eager plan is still there to run
-        line = (str(exc).strip().splitlines() or [""])[0][:200]
-        oom = isinstance(exc, torch.OutOfMemoryError) or is_out_of_memory(exc)
-        choice.fraction = choice.scope = choice.peak_bytes = choice.overhead = None
-        what = "ran out of memory timing it" if oom else "could not run it"
-        choice.why_not = f"torch.compile {what}: {type(exc).__name__}: {line}"
+        for scope in SCOPES:
+            try:
+                fraction = _bisect(choice, spec, dev, build, scope)
+                if fraction is not None:
+                    choice.timed.append(_timed(spec, dev, build, fraction, scope))
+            except Exception as exc:  # noqa: BLE001 - the other scope, or the eager plan, is still there to run
+                line = (str(exc).strip().splitlines() or [""])[0][:200]
+                oom = isinstance(exc, torch.OutOfMemoryError) or is_out_of_memory(exc)
+                what = "ran out of memory timing it" if oom else "could not run it"
+                choice.errors[scope] = f"torch.compile {what}: {type(exc).__name__}: {line}"
+        _pick(choice)
+        if choice.fraction is None and choice.errors:
+            choice.why_not = next(iter(choice.errors.values()))
     finally:
         torch._dynamo.reset()  # nothing the candidates compiled outlives the search
         gc.collect()
@@ -259,60 +280,84 @@ def _not_compared(choice: CompiledChoice, eager_overhead: float | None, fits: bo
     return None
 
 
-def _search(choice: CompiledChoice, spec: ExperimentSpec, dev: torch.device, build: Callable[[], Built] | None) -> None:
-    """:func:`search_compiled`'s bisections and timings, filling in ``choice``."""
-    budget_bytes = choice.budget_bytes
-    found: list[tuple[CompileScope, float]] = []
-    for scope in SCOPES:
-        peaks: dict[float, int | None] = {}  # None: out of memory
+def _bisect(
+    choice: CompiledChoice,
+    spec: ExperimentSpec,
+    dev: torch.device,
+    build: Callable[[], Built] | None,
+    scope: CompileScope,
+) -> float | None:
+    """The largest fraction of :data:`GRID` whose measured peak compiling ``scope`` fits
+    ``choice.budget_bytes`` (None: none found), each probe appended to ``choice.probes``.
 
-        def fits(k: int, scope: CompileScope = scope, peaks: dict[float, int | None] = peaks) -> bool:
-            fraction = GRID[k]
-            if fraction not in peaks:
-                try:
-                    run = measured_compiled(spec, dev, build, fraction, scope, timed=False)
-                    peaks[fraction], compile_ms = _peak(run), run.compile_ms or 0.0
-                except Exception as exc:  # noqa: BLE001 - out of memory: it does not fit, the next may
-                    if not (isinstance(exc, torch.OutOfMemoryError) or is_out_of_memory(exc)):
-                        raise  # (the simulated one is a MemoryError, the host's a RuntimeError)
-                    peaks[fraction], compile_ms = None, 0.0
-                    if dev.type == "cuda":
-                        torch.cuda.empty_cache()
-                choice.probes.append(CompiledProbe(fraction, peaks[fraction], compile_ms, scope))
-            peak = peaks[fraction]
-            return peak is not None and peak <= budget_bytes
+    Raises:
+        Whatever a probe raises but running out of memory (a probe that does is no fit).
+    """
+    peaks: dict[float, int | None] = {}  # None: out of memory
 
-        k = largest_fitting(fits, len(GRID))
-        if k is not None:
-            found.append((scope, GRID[k]))
+    def fits(k: int) -> bool:
+        fraction = GRID[k]
+        if fraction not in peaks:
+            try:
+                run = measured_compiled(spec, dev, build, fraction, scope, timed=False)
+                peaks[fraction], compile_ms = _peak(run), run.compile_ms or 0.0
+            except Exception as exc:  # noqa: BLE001 - out of memory: it does not fit, the next may
+                if not (isinstance(exc, torch.OutOfMemoryError) or is_out_of_memory(exc)):
+                    raise  # (the simulated one is a MemoryError, the host's a RuntimeError)
+                peaks[fraction], compile_ms = None, 0.0
+                if dev.type == "cuda":
+                    torch.cuda.empty_cache()
+            choice.probes.append(CompiledProbe(fraction, peaks[fraction], compile_ms, scope))
+        peak = peaks[fraction]
+        return peak is not None and peak <= choice.budget_bytes
+
+    k = largest_fitting(fits, len(GRID))
+    return None if k is None else GRID[k]
+
+
+def _timed(
+    spec: ExperimentSpec, dev: torch.device, build: Callable[[], Built] | None, fraction: float, scope: CompileScope
+) -> TimedCandidate:
+    """``fraction`` compiling ``scope`` built again and timed paired with the eager
+    un-checkpointed step; only its figures are kept (on CUDA a second candidate's absolute
+    peak must not hold this one's model).
+
+    Raises:
+        Whatever the run raises (``torch.OutOfMemoryError`` included).
+    """
+    if dev.type == "cuda":  # what the earlier candidates cached is not this one's
+        torch.cuda.empty_cache()
+    run = measured_compiled(spec, dev, build, fraction, scope, timed=True)
     clock = "step_ms" if dev.type == "cuda" else "cpu_ms"
-    skipped: list[str | None] = []
-    for scope, fraction in found:
-        if dev.type == "cuda":  # what the candidates cached is not the timed one's
-            torch.cuda.empty_cache()
-        run = measured_compiled(spec, dev, build, fraction, scope, timed=True)
-        mine = [r["step_ms"] if clock == "step_ms" else r["extra"]["cpu_ms"] for r in run.timed]
-        base = [r["step_ms"] if clock == "step_ms" else r["extra"]["cpu_ms"] for r in run.paired]
-        interval = paired_ratio_ci(base, mine)
-        overhead = None
-        if interval is not None:
-            overhead = {
-                "estimate": interval.estimate_pct / 100,
-                "low": interval.low_pct / 100,
-                "high": interval.high_pct / 100,
-                "rounds": interval.rounds,
-                "clock": "wall time" if clock == "step_ms" else "CPU time",
-            }
-        choice.timed.append((scope, fraction, _peak(run), overhead))
-        skipped.append(run.pairing_skipped)
-    if choice.timed:  # the lowest estimate; untimed ones last, in the order found
-        i = min(range(len(choice.timed)), key=lambda j: (choice.timed[j][3] is None, _estimate(choice.timed[j][3]), j))
-        choice.scope, choice.fraction, choice.peak_bytes, choice.overhead = choice.timed[i]
-        choice.pairing_skipped = skipped[i]
+    mine = [r["step_ms"] if clock == "step_ms" else r["extra"]["cpu_ms"] for r in run.timed]
+    base = [r["step_ms"] if clock == "step_ms" else r["extra"]["cpu_ms"] for r in run.paired]
+    interval = paired_ratio_ci(base, mine)
+    overhead = None
+    if interval is not None:
+        overhead = {
+            "estimate": interval.estimate_pct / 100,
+            "low": interval.low_pct / 100,
+            "high": interval.high_pct / 100,
+            "rounds": interval.rounds,
+            "clock": "wall time" if clock == "step_ms" else "CPU time",
+        }
+    return TimedCandidate(scope, fraction, _peak(run), overhead, run.pairing_skipped)
 
 
-def _estimate(overhead: dict[str, Any] | None) -> float:
-    return overhead["estimate"] if overhead is not None else 0.0
+def _pick(choice: CompiledChoice) -> None:
+    """Of ``choice.timed``, the candidate: a timed build that fitted the budget first, a
+    timed one before an untimed one, then the lowest estimate (the first found on ties)."""
+    if not choice.timed:
+        return
+    budget = choice.budget_bytes
+
+    def key(j: int) -> tuple:
+        c = choice.timed[j]
+        return (c.peak_bytes > budget, c.overhead is None, c.overhead["estimate"] if c.overhead else 0.0, j)
+
+    c = choice.timed[min(range(len(choice.timed)), key=key)]
+    choice.scope, choice.fraction, choice.peak_bytes = c.scope, c.fraction, c.peak_bytes
+    choice.overhead, choice.pairing_skipped = c.overhead, c.pairing_skipped
 
 
 def cheaper(overhead: dict[str, Any] | None, eager_overhead: float | None) -> bool:
@@ -369,11 +414,9 @@ def measured_compiled(
     """A ``compile_budget`` run of ``spec`` at ``fraction`` compiling ``scope`` through its
     memory pass (as :func:`ckptlab.worker.engine.run.run_experiment` sets one up: dynamo's
     caches freed first, the allocator's readings on CPU), then, if ``timed``,
-    ``timed_steps`` timed steps paired with an eager un-checkpointed copy (``run.timed`` and
-    ``run.paired``, step records). RNG state restored after. The default,
-    :data:`TIMING_ROUNDS` x 4 (24): on a host whose step CPU times moved by up to 2x from
-    step to step, 12 paired steps gave intervals 20-30 points wide and the choice against
-    the eager plan flipped from run to run (docs/benchmarks.md, "the whole step compiled").
+    ``timed_steps`` (24: with 12, intervals 20-30 points wide flipped the choice from run to
+    run on a host whose step times moved up to 2x) timed steps paired with an eager
+    un-checkpointed copy (``run.timed``, ``run.paired``). RNG state restored after.
 
     Raises:
         Whatever the run raises (a compile error, ``torch.OutOfMemoryError``).

@@ -136,6 +136,65 @@ def test_a_candidate_out_of_memory_does_not_fit_and_the_eager_plan_keeps_its_pea
     assert s["peak_allocated_bytes"] == s["predicted_peak_bytes"] == s["plan"]["predicted_peak_bytes"] <= BUDGET
 
 
+class _Measured:
+    """What :func:`compiled.measured_compiled` returns, as the search reads it: the memory
+    pass's peak and, when timed, paired step CPU times (``ratio`` x the eager step's)."""
+
+    def __init__(self, peak: int, ratio: float | None):
+        self.records, self.compile_ms, self.pairing_skipped = [{"peak_allocated_bytes": peak}], 1.0, None
+        self.spec = type("Spec", (), {"warmup_steps": 0})()
+        base = [100.0 + i % 3 for i in range(12)] if ratio is not None else []
+        self.paired = [{"step_ms": b, "extra": {"cpu_ms": b}} for b in base]
+        self.timed = [{"step_ms": b * ratio, "extra": {"cpu_ms": b * ratio}} for b in base]
+
+
+def _fake_search(monkeypatch, peaks, ratios, broken=()):
+    """``search_compiled`` over fake candidates: ``peaks[scope](fraction)`` is a probe's
+    peak, ``ratios[scope]`` its timed step over the eager one's (the timed build peaks as its
+    probe did, unless ``peaks[scope, "timed"]`` says otherwise); scopes in ``broken`` raise."""
+
+    def measured(spec, dev, build, fraction, scope, *, timed, **kw):
+        if scope in broken:
+            raise RuntimeError("BackendCompilerFailed: dynamo could not trace the loss")
+        if not timed:
+            return _Measured(peaks[scope](fraction), None)
+        return _Measured(peaks.get((scope, "timed"), peaks[scope](fraction)), ratios[scope])
+
+    monkeypatch.setattr(compiled, "measured_compiled", measured)
+    monkeypatch.setattr(compiled, "GRID", (0.25, 0.5, 0.75, 1.0))
+    return compiled.search_compiled(
+        _spec(budget_bytes=BUDGET), torch.device("cpu"), None, eager_overhead=0.5, budget_bytes=BUDGET
+    )
+
+
+#: A probe's peak by scope and fraction: step's largest fitting fraction is 0.75, blocks' 0.5.
+PEAKS = {"step": lambda f: int(BUDGET * (0.5 + f * 0.6)), "blocks": lambda f: int(BUDGET * (0.4 + f * 0.9))}
+
+
+def test_each_scope_is_bisected_and_the_cheaper_fitting_candidate_is_taken(monkeypatch):
+    choice = _fake_search(monkeypatch, PEAKS, {"step": 1.10, "blocks": 1.02})
+    assert {(c.scope, c.fraction) for c in choice.timed} == {("step", 0.75), ("blocks", 0.5)}
+    assert (choice.scope, choice.fraction) == ("blocks", 0.5)  # the lower overhead
+    assert choice.overhead["estimate"] == pytest.approx(0.02) and choice.chosen
+    choice = _fake_search(monkeypatch, PEAKS, {"step": 1.01, "blocks": 1.02})
+    assert (choice.scope, choice.fraction) == ("step", 0.75)
+
+
+def test_a_candidate_whose_timed_build_peaked_over_the_budget_is_taken_last(monkeypatch):
+    peaks = {**PEAKS, ("step", "timed"): BUDGET + 1}  # the faster one's second build went over
+    choice = _fake_search(monkeypatch, peaks, {"step": 1.01, "blocks": 1.05})
+    assert (choice.scope, choice.fraction) == ("blocks", 0.5) and choice.peak_bytes <= BUDGET and choice.chosen
+
+
+def test_a_scope_torch_compile_cannot_run_leaves_the_other_scopes_candidate(monkeypatch):
+    choice = _fake_search(monkeypatch, PEAKS, {"step": 1.0, "blocks": 1.02}, broken=("step",))
+    assert (choice.scope, choice.fraction) == ("blocks", 0.5) and choice.chosen and choice.why_not is None
+    assert choice.public()["errors"] == {
+        "step": "torch.compile could not run it: RuntimeError: BackendCompilerFailed: dynamo could not trace the loss"
+    }
+    assert [c["compile_scope"] for c in choice.public()["candidates"]] == ["blocks"]
+
+
 def test_without_an_eager_prediction_a_fitting_candidate_is_not_run_and_says_why(monkeypatch):
     monkeypatch.setattr(compiled, "GRID", (0.5, 1.0))
     choice = compiled.search_compiled(
