@@ -106,8 +106,9 @@ class CheckpointSpec(_Strict):
             (the block list as one function; the stem, the head and the loss stay eager) or
             ``step`` (the whole forward and the loss as one function, so the partitioner
             also decides what the head and the loss save: on the built-in transformer 4x128,
-            seq 256, a lower peak than ``blocks`` at every budget tried, for no measured time;
-            docs/benchmarks.md). Default ``blocks``.
+            seq 256, batch 4 (CPU), 2.4-4.3 MiB lower than ``blocks`` at 1.0, 0.8 and 0.5 for
+            no measured time, 0.8 MiB higher at 0.1; docs/benchmarks.md, "The whole step
+            compiled"). Default ``blocks``.
         search_compile: for ``auto``: also consider ``torch.compile`` under its own
             activation memory budget, each fraction tried measured in the run's process
             (``ckptlab.worker.engine.blocks.compiled``; each costs a compile); the run then

@@ -88,15 +88,16 @@ def make_optimizer(
 
 class CompiledStep:
     """The model's forward and its loss compiled as one function by ``torch.compile``, under
-    ``activation_memory_budget`` as :class:`ckptlab.worker.engine.strategies.CompiledGroup` (``compile_budget`` with
+    ``activation_memory_budget`` as ``strategies.CompiledGroup`` (``compile_budget`` with
     ``compile_scope`` ``step``): ``(inputs, targets) -> (output, loss)``, the forward
     under the run's autocast and the loss outside it, as the eager step computes them
     (:meth:`ckptlab.worker.models.base.Built.output_and_loss`). With the loss in the graph
     the partitioner may recompute what an eager cross-entropy keeps (its log-probabilities,
     one logits-sized tensor) and the head's activations: on the built-in transformer 4x128,
-    seq 256, batch 4 (CPU) it peaked 4-6 MB under ``blocks`` at each budget tried, at no
-    measured time (docs/benchmarks.md). The output is returned as eager code holds it (the
-    step keeps it to the end of backward, as for every strategy).
+    seq 256, batch 4 (CPU) it peaked 2.4-4.3 MiB under ``blocks`` at budgets 1.0, 0.8 and
+    0.5 at no measured time, and 0.8 MiB above it at 0.1 (docs/benchmarks.md, "The whole
+    step compiled"). The output is returned as eager code holds it (the step keeps it to
+    the end of backward, as for every strategy).
 
     Known limitations: as ``CompiledGroup`` (one compiled function per process); a
     model whose forward breaks dynamo's graph is compiled in pieces, each partitioned apart.
@@ -158,8 +159,8 @@ def build_checkpointed(
 
 def compile_whole_step(built: Built, spec: ExperimentSpec, dev: torch.device) -> None:
     """Set ``built.step_fn`` to the forward and loss compiled as one function
-    (:class:`CompiledStep`) when the spec's strategy
-    compiles with ``compile_scope`` ``step``; else leave it."""
+    (:class:`CompiledStep`) when the spec's strategy compiles with ``compile_scope``
+    ``step``; else leave it."""
     ck = spec.checkpoint
     if get_strategy(ck.strategy).compiles and ck.compile_scope == CompileScope.STEP:
         built.step_fn = CompiledStep(
