@@ -47,6 +47,14 @@ def _optimizer_step(opt: torch.optim.Optimizer, scaler: torch.amp.GradScaler | N
         opt.step()
 
 
+def _enter(run: StepContext, phase: str) -> None:
+    """The step enters ``phase``: ``run.where`` (out-of-memory reports) and, on a recorded
+    step, the timeline recorder (:meth:`ckptlab.worker.measure.timeline.TimelineRecorder.phase`)."""
+    run.where["phase"] = phase
+    if run.meter.timeline is not None:
+        run.meter.timeline.phase(phase)
+
+
 def timed_step(run: StepContext) -> dict[str, Any]:
     """One optimizer step of the timing pass: times only, no memory instrumentation (its
     memory columns are None, explicitly). Wall times from ``time.perf_counter`` on CPU,
@@ -110,7 +118,7 @@ def instrumented_step(run: StepContext) -> dict[str, Any]:
                 peak_cats[name] = dict(probe.peak_by_category)
 
     for micro in range(spec.grad_accum_steps):
-        where["phase"] = "forward"  # the batch is the forward's (a timeline's phases)
+        _enter(run, "forward")  # the batch is the forward's (a timeline's phases)
         x, y = built.make_batch(spec.batch_size, gen)
         x, y = x.to(dev), y.to(dev)
         meter.sync()
@@ -131,7 +139,7 @@ def instrumented_step(run: StepContext) -> dict[str, Any]:
                 "rng_state_bytes": meter.rng_state_bytes - rng_before,
                 "at_forward_end": meter.breakdown(params, opt, live, live - before, peak=False),
             }
-        where["phase"] = "backward"
+        _enter(run, "backward")
         probe.reset_peak()
         t1 = time.perf_counter()
         (scaler.scale(loss) if scaler is not None else loss).backward()
@@ -141,7 +149,7 @@ def instrumented_step(run: StepContext) -> dict[str, Any]:
         del out, loss, x, y
 
     missing = sum(p.grad is None for p in params)
-    where["phase"] = "optimizer"
+    _enter(run, "optimizer")
     probe.reset_peak()
     t2 = time.perf_counter()
     _optimizer_step(opt, scaler)

@@ -216,7 +216,7 @@ class TimelineKeeper:
             regions,
             region_roots=roots,
             policy_ops=policies,
-            param_names=dict(self.owner.values()),
+            param_owners=self.owner,
             reentrant=run.spec.checkpoint.use_reentrant,
         )
         #: storage key -> module name of the parameters, buffers and (once made) optimizer state
@@ -270,7 +270,7 @@ class TimelineKeeper:
             self._track_resident(shadow)
             shadow.__enter__()
             meter.shadow = shadow
-        rec.begin(self.run.where, self.by_key)
+        rec.begin(self.by_key)
         meter.timeline = rec
         try:
             if snapshots is not None:
@@ -318,10 +318,12 @@ class TimelineKeeper:
         (kept from step to step: Adam's moments are updated in place)."""
         for p, state in self.run.opt.state.items():
             fqn = self._owner_of(p)
-            tensors = [v for v in state.values() if isinstance(v, torch.Tensor)]
             if fqn is not None:
-                self.recorder.name(tensors, fqn)
-                self.by_key.update((t.untyped_storage()._cdata, fqn) for t in tensors)
+                keys = [
+                    v.untyped_storage()._cdata for v in state.values() if isinstance(v, torch.Tensor) and not v.is_meta
+                ]
+                self.recorder.name_storages(keys, fqn)
+                self.by_key.update(dict.fromkeys(keys, fqn))
         self._state_named = len(self.run.opt.state) > 0
 
     def keep(self, record: dict[str, Any], *, measured: bool) -> None:

@@ -102,7 +102,8 @@ class LiveTensorTracker(TorchDispatchMode):
         rng_state_bytes: bytes of live RNG states among ``live_bytes`` (see below).
         recorder: told of every counted allocation and free while set (a
             :class:`ckptlab.worker.measure.timeline.TimelineRecorder` during a recorded
-            step); None (the default): nothing is told, nothing costs.
+            step: the tracker appends to its ``blocks`` and ``events`` itself, as its
+            ``alloc`` and ``free`` would); None (the default): nothing is told, nothing costs.
 
     RNG states: ``torch.get_rng_state()`` builds its tensor outside the dispatcher, so no
     dispatch mode sees it; yet each ``checkpoint`` with ``preserve_rng_state`` keeps one
@@ -231,8 +232,8 @@ class LiveTensorTracker(TorchDispatchMode):
                 self.rng_state_bytes -= info.nbytes
             if self.events is not None:
                 self.events.append((key, -info.nbytes))
-            if self.recorder is not None:
-                self.recorder.free(info)
+            if self.recorder is not None and info.block >= 0:  # (the recorder's free, inline)
+                self.recorder.events.append(~info.block)
 
     @contextlib.contextmanager
     def untracked(self) -> Iterator[None]:
@@ -286,8 +287,12 @@ class LiveTensorTracker(TorchDispatchMode):
         self._live[key] = (weakref.ref(st, functools.partial(self._on_free, key)), info)
         if self.events is not None:
             self.events.append((key, nbytes))
-        if self.recorder is not None:
-            self.recorder.alloc(info, nbytes)
+        rec = self.recorder
+        if rec is not None:  # the recorder's alloc, inline: a Python call less per allocation
+            owner, blocks = rec.owner, rec.blocks
+            info.block = block = len(blocks)
+            blocks.append((info, nbytes, owner if owner is not None else rec.node_owner(), rec.op, rec.recomputing))
+            rec.events.append(block)
         self._add(info, nbytes)
 
     def _add(self, info: _Info, nbytes: int) -> None:

@@ -54,8 +54,8 @@ class RecordedStep:
 
     def __init__(self, recorder: Any, policy_ops: dict[int, frozenset[str]]):
         r = recorder
-        self.blocks = r._blocks
-        self.renamed, self.events, self.saved = r._renamed, r._events, r._saved
+        self.blocks = r.blocks
+        self.renamed, self.events, self.saved = r._renamed, r.events, r._saved
         self.outputs, self.phases, self.recompute_spans = r._outputs, r._phases, r._recompute_spans
         self.resident, self.policy_ops = r._resident, policy_ops
         self.region_roots = set(r.region_roots.values())

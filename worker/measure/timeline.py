@@ -27,8 +27,10 @@ Example usage::
 
     recorder = TimelineRecorder(tracker, names={model: "", model.fc: "fc"})
     with tracker:
-        recorder.begin(where)
+        recorder.begin()
+        recorder.phase("forward")
         loss = model(x).sum()
+        recorder.phase("backward")
         loss.backward()
         events = recorder.end()  # the columns of ckptlab.analysis.timeline.StepTimeline
 
@@ -73,6 +75,7 @@ UNKNOWN, BATCH, LOSS, OPTIMIZER = (
     Unattributed.LOSS.value,
     Unattributed.OPTIMIZER.value,
 )
+_LOSS = (LOSS, -1)
 #: An autograd node's sequence number when it has none (AccumulateGrad: UINT64_MAX).
 _NO_SEQUENCE = 2**63
 # (module-level names of the C calls the hooks make at every module call and event)
@@ -111,13 +114,28 @@ class TimelineRecorder:
             the first tensor of its output is the region's output (what it passes on).
         policy_ops: per region (its index), the names of the ops whose outputs its
             selective policy saves (``aten.mm.default``); a region without one is not in it.
-        param_names: parameter -> the name of the module owning it: a gradient that
-            autograd's ``AccumulateGrad`` node makes for it is named after that module.
+        param_owners: ``id`` of each parameter -> (the parameter, the name of the module
+            owning it): a gradient that autograd's ``AccumulateGrad`` node makes for it is
+            named after that module (keyed by ``id``: a tensor's hash is a Python call).
         reentrant: the checkpoints are reentrant (``use_reentrant=True``): their recomputed
             graphs are run by a backward of their own, on the thread that recomputed them.
 
     Attributes:
         op: the op (``OpOverload``) or call the tracker is counting outputs of (set by the tracker).
+        blocks: per block of the step: (tracker entry, bytes, (module name, region), op,
+            recomputations running as it was made); names and ops are coded once per kept
+            step (:meth:`RecordedStep.columns`), not at each event.
+        events: the step's events: a block's index at its allocation, ``~index`` at its free.
+        owner: (module name, region) of what is made now: the innermost module running, else
+            the place in the step (``<batch>``, ``<loss>``, ``<optimizer>``); None in backward
+            outside every module (ask :meth:`node_owner`). Kept up to date by the module
+            wrappers and :meth:`phase`, so that an allocation reads one attribute.
+        recomputing: recomputations running now.
+
+    The tracker appends to :attr:`blocks` and :attr:`events` itself
+    (:meth:`LiveTensorTracker._count` and ``_on_free``, as :meth:`alloc` and :meth:`free`
+    would): a Python call per event less, on the tests' tiny transformer about a tenth of
+    what recording costs its memory pass (docs/benchmarks.md).
     """
 
     def __init__(
@@ -128,13 +146,13 @@ class TimelineRecorder:
         *,
         region_roots: Mapping[nn.Module, int] | None = None,
         policy_ops: Mapping[int, Iterable[str]] | None = None,
-        param_names: Mapping[torch.Tensor, str] | None = None,
+        param_owners: Mapping[int, tuple[torch.Tensor, str]] | None = None,
         reentrant: bool = False,
     ):
         self.tracker, self.names, self.regions = tracker, dict(names), dict(regions or {})
-        self.param_names, self.reentrant = dict(param_names or {}), reentrant
+        self.reentrant = reentrant
         #: id of each parameter -> (it, its module's name): a tensor's hash is a Python call
-        self._param_by_id = {id(t): (t, name) for t, name in self.param_names.items()}
+        self._param_by_id = dict(param_owners or {})
         self.region_roots, self.policy_ops = (
             dict(region_roots or {}),
             {r: frozenset(ops) for r, ops in (policy_ops or {}).items()},
@@ -149,12 +167,9 @@ class TimelineRecorder:
         self._reset()
 
     def _reset(self) -> None:
-        #: per block: (tracker entry, bytes, (module name, region), op, recomputations
-        #: running as it was made); names and ops are coded once per kept step
-        #: (:meth:`RecordedStep.columns`), not at each event
-        self._blocks: list[tuple[Any, int, tuple[str, int], Any, int]] = []
+        self.blocks: list[tuple[Any, int, tuple[str, int], Any, int]] = []
         self._renamed: dict[int, str] = {}
-        self._events: list[int] = []
+        self.events: list[int] = []
         #: blocks autograd packed -> the region whose forward packed it (-1: none)
         self._saved: dict[int, int] = {}
         #: each region's output block -> the region
@@ -175,27 +190,28 @@ class TimelineRecorder:
         self._phase: str | None = None
         self._backward = False
         self._scope: tuple[str, int] = (BATCH, -1)  # the owner of what is made outside modules
-        self._recomputing = 0
-        self._last_seq: tuple[int, int] = (-1, -1)
+        self.owner: tuple[str, int] | None = self._scope
+        self.recomputing = 0
+        self._last_seq, self._last_tid = -1, -1  # the node node_owner looked up last
         self._last_owner: tuple[str, int] = (UNKNOWN, -1)
         self._resident = 0
-        self._where: Mapping[str, Any] = {}
 
     # -- a step ------------------------------------------------------------------------
 
-    def begin(self, where: Mapping[str, Any], names_by_key: Mapping[int, str] | None = None) -> None:
+    def begin(self, names_by_key: Mapping[int, str] | None = None) -> None:
         """Start recording a step: the blocks alive now are its resident blocks, named by
         their storage's key (``UntypedStorage._cdata``) in ``names_by_key`` (the parameters',
-        the optimizer state's), else ``unknown`` until :meth:`name` names them;
-        ``where["phase"]`` is read at each event. Call inside the tracker's mode."""
+        the optimizer state's), else ``unknown`` until :meth:`name` names them. The step's
+        phases are told by :meth:`phase`. Call inside the tracker's mode. (A step begun while
+        another is recorded ends that one first: its hooks would stay on autograd's stack.)"""
+        self._stop_hooks()
         self._reset()
-        self._where = where
         self._thread = threading.get_ident()
-        named, blocks = (names_by_key or {}).get, self._blocks
+        named, blocks = (names_by_key or {}).get, self.blocks
         for block, (key, (_ref, info)) in enumerate(self.tracker._live.items()):
             info.block = block
             blocks.append((info, info.nbytes, (named(key, UNKNOWN), -1), None, 0))
-        self._resident = len(self._blocks)
+        self._resident = len(self.blocks)
         self._wrap_forwards()
         self._saved_hooks = contextlib.ExitStack()
         self._saved_hooks.enter_context(torch.autograd.graph.saved_tensors_hooks(self._pack, _same))
@@ -237,17 +253,16 @@ class TimelineRecorder:
         region it is the root of, or None) with the module pushed on the module stack
         before it and popped after it, also when it raises (a non-reentrant checkpoint
         stops its recomputation early by raising inside a block); each push and pop notes
-        autograd's node number (see :meth:`_node_owner`)."""
+        autograd's node number (see :meth:`node_owner`)."""
         stack, seqs, owners, step_thread, other = self._stack, self._seqs, self._owners, self._thread, self._other
 
         def followed(*args: Any, **kwargs: Any) -> Any:
-            if not stack and self._where.get("phase") != self._phase:  # the model is called
-                self._note_phase()
             stack.append(owner)
+            self.owner = owner
             tid = _thread_id()  # (the numbering is per thread: the step's, or another's)
-            marks = (seqs, owners) if tid == step_thread else other.setdefault(tid, ([], []))
-            marks[0].append(_sequence_nr())
-            marks[1].append(owner)
+            seq_marks, owner_marks = (seqs, owners) if tid == step_thread else other.setdefault(tid, ([], []))
+            seq_marks.append(_sequence_nr())
+            owner_marks.append(owner)
             output = None
             try:
                 output = forward(*args, **kwargs)
@@ -257,11 +272,12 @@ class TimelineRecorder:
                     self._region_output(region, output)
                 if stack:
                     stack.pop()
-                if not stack and not self._recomputing:
-                    self._scope = (LOSS, -1)  # the model returned: what follows is the loss
-                marks = (seqs, owners) if tid == step_thread else other.setdefault(tid, ([], []))
-                marks[0].append(_sequence_nr())
-                marks[1].append(stack[-1] if stack else self._scope)
+                if not stack and not self.recomputing:
+                    self._scope = _LOSS  # the model returned: what follows is the loss
+                top = stack[-1] if stack else self._scope
+                self.owner = top if stack or not self._backward else None
+                seq_marks.append(_sequence_nr())
+                owner_marks.append(top)
 
         followed.__wrapped__ = forward  # type: ignore[attr-defined] - inspect.signature reads it
         return followed
@@ -285,30 +301,34 @@ class TimelineRecorder:
     def name(self, tensors: Iterable[torch.Tensor], module: str) -> None:
         """Name the live blocks of ``tensors`` after ``module`` (a parameter's owner: the
         parameter, its gradient, its optimizer state)."""
-        live = self.tracker._live
-        for t in tensors:
-            if isinstance(t, torch.Tensor) and not t.is_meta:
-                entry = live.get(t.untyped_storage()._cdata)
-                if entry is not None and 0 <= entry[1].block < len(self._blocks):
-                    self._renamed[entry[1].block] = module
+        self.name_storages(
+            [t.untyped_storage()._cdata for t in tensors if isinstance(t, torch.Tensor) and not t.is_meta], module
+        )
+
+    def name_storages(self, keys: Iterable[int], module: str) -> None:
+        """Name the live blocks of the storages ``keys`` (``UntypedStorage._cdata``) after
+        ``module``: :meth:`name` for a caller that has the keys already."""
+        live, n, renamed = self.tracker._live, len(self.blocks), self._renamed
+        for key in keys:
+            entry = live.get(key)
+            if entry is not None and 0 <= entry[1].block < n:
+                renamed[entry[1].block] = module
 
     def recompute(self, starting: bool) -> None:
         """A checkpoint's recomputation starts (True) or ends (False) now."""
         if starting:
-            if self._where.get("phase") != self._phase:  # (alloc notes it only outside modules)
-                self._note_phase()
-            self._recomputing += 1
-            self._recompute_spans.append([len(self._events), len(self._events)])
+            self.recomputing += 1
+            self._recompute_spans.append([len(self.events), len(self.events)])
             self._range_starts.append(torch._C._autograd._get_sequence_nr())
         else:
-            self._recomputing = max(self._recomputing - 1, 0)
+            self.recomputing = max(self.recomputing - 1, 0)
             if self._recompute_spans:
-                self._recompute_spans[-1][1] = len(self._events)
+                self._recompute_spans[-1][1] = len(self.events)
             if self._range_starts:
                 span = (self._range_starts.pop(), torch._C._autograd._get_sequence_nr())
                 self._ranges.setdefault(threading.get_ident(), []).append(span)
 
-    def _node_owner(self) -> tuple[str, int]:
+    def node_owner(self) -> tuple[str, int]:
         """The module whose forward made the autograd node running now (backward): looked up
         in the numbering of the thread that made it: the step's thread, but for the nodes a
         recomputation made on the thread running backward (a reentrant checkpoint's inner
@@ -322,14 +342,16 @@ class TimelineRecorder:
             variable = getattr(node, "variable", None)
             entry = self._param_by_id.get(id(variable))
             return (entry[1], -1) if entry is not None and entry[0] is variable else (UNKNOWN, -1)
-        tid = _thread_id()
+        tid = self._thread
         # (a non-reentrant checkpoint's recomputed graph is never run: every node is the step's)
-        if tid == self._thread or not self.reentrant or not any(a <= seq < b for a, b in self._ranges.get(tid, ())):
-            tid = self._thread
-        if (tid, seq) != self._last_seq:
+        if self.reentrant:
+            here = _thread_id()
+            if here != tid and any(a <= seq < b for a, b in self._ranges.get(here, ())):
+                tid = here
+        if seq != self._last_seq or tid != self._last_tid:
             seqs, owners = (self._seqs, self._owners) if tid == self._thread else self._other[tid]
             i = bisect.bisect_right(seqs, seq) - 1
-            self._last_seq = (tid, seq)
+            self._last_seq, self._last_tid = seq, tid
             self._last_owner = owners[i] if 0 <= i else (UNKNOWN, -1)
         return self._last_owner
 
@@ -338,11 +360,13 @@ class TimelineRecorder:
         new bytes): the tensor itself, an op's own output (sigmoid, relu, softmax), would tie
         the output to its graph node in a cycle that outlives the step when backward never
         reaches that node (an output the loss ignores), as BlockRecorder._pack says."""
-        if _counted(t):
+        plain = type(t) is torch.Tensor
+        if plain or (type(t) is FakeTensor and not isinstance(t, nn.Parameter)):  # (as _counted; a
+            # meta storage is never among the tracker's live ones)
             entry = self.tracker._live.get(t.untyped_storage()._cdata)
             if entry is not None and entry[1].block >= 0:
                 self._saved.setdefault(entry[1].block, self._stack[-1][1] if self._stack else -1)
-        if type(t) is torch.Tensor:  # (a fake tensor's detach needs its mode: it stays fake)
+        if plain or type(t) is nn.Parameter:  # (a fake tensor's detach needs its mode: it stays fake)
             with _no_python_dispatch():  # the alias needs no count: no trip through the tracker's mode
                 return t.detach()
         return t.detach()
@@ -354,38 +378,39 @@ class TimelineRecorder:
             if entry is not None and entry[1].block >= 0:
                 self._outputs[entry[1].block] = region
 
-    # -- the tracker's calls -----------------------------------------------------------
+    # -- the step's phases and the tracker's calls ----------------------------------------
 
-    def _note_phase(self) -> None:
-        """The step moved to another phase (``where["phase"]``) before this event."""
-        phase = self._where.get("phase")
-        self._phase = phase
-        self._phases.append((len(self._events), phase))
-        self._backward = phase == "backward"
-        if phase == "forward":
+    def phase(self, name: str) -> None:
+        """The step enters phase ``name`` (``forward``, ``backward``, ``optimizer``) at its
+        next event; what is made outside every module from now on is the batch's (forward),
+        the autograd node's module's (backward) or the optimizer's. A phase left before any
+        event is dropped (one phase per event index). Call between the model's calls."""
+        if name == self._phase:
+            return
+        at = len(self.events)
+        if self._phases and self._phases[-1][0] == at:
+            self._phases.pop()
+        self._phase = name
+        if not self._phases or self._phases[-1][1] != name:
+            self._phases.append((at, name))
+        self._backward = name == "backward"
+        if name == "forward":
             self._scope = (BATCH, -1)
-        elif phase == "optimizer":
+        elif name == "optimizer":
             self._scope = (OPTIMIZER, -1)
+        self.owner = self._stack[-1] if self._stack else None if self._backward else self._scope
 
     def alloc(self, info: Any, nbytes: int) -> None:
-        """The tracker counted a new storage of ``nbytes`` bytes (``info``: its entry)."""
-        if self._stack:  # inside a module: the phase moves only between the model's calls
-            owner = self._stack[-1]
-        else:
-            if self._where.get("phase") != self._phase:
-                self._note_phase()
-            owner = self._node_owner() if self._backward else self._scope
-        blocks = self._blocks
-        info.block = block = len(blocks)
-        blocks.append((info, nbytes, owner, self.op, self._recomputing))
-        self._events.append(block)
+        """The tracker counted a new storage of ``nbytes`` bytes (``info``: its entry). (The
+        tracker's own allocations append to :attr:`blocks` and :attr:`events` inline, as here.)"""
+        owner = self.owner
+        info.block = block = len(self.blocks)
+        self.blocks.append((info, nbytes, owner if owner is not None else self.node_owner(), self.op, self.recomputing))
+        self.events.append(block)
 
     def free(self, info: Any) -> None:
         """The tracker saw a counted storage freed (``info``: its entry)."""
         # every counted storage has a block of this step: begin numbered those alive then,
         # alloc the rest (a -1 would be one the tracker counted while nothing recorded)
-        block = info.block
-        if block >= 0:
-            if not self._stack and self._where.get("phase") != self._phase:
-                self._note_phase()
-            self._events.append(~block)
+        if info.block >= 0:
+            self.events.append(~info.block)
