@@ -154,19 +154,20 @@ class RunContext:
         spec = self.spec
         times = StepTimes(skip=spec.warmup_steps)  # the progress estimate's step time
         keeper = TimelineKeeper.for_run(self, one_process=self.rank is None, snapshots=snapshots)
-        for step in range(1, spec.steps + 1):
-            self.where["step"] = step
-            with keeper.recording(step) if keeper is not None and keeper.wants(step) else contextlib.nullcontext():
-                self.records.append(_memory_step(self, step))
-            if keeper is not None:
-                keeper.keep(self.records[-1], measured=step > spec.warmup_steps)
-            extra = self.records[-1]["extra"]
-            extra["pass"] = "memory"
-            extra[STEPS_PLANNED] = steps_planned(spec.steps, spec.timed_steps)
-            _note_step_time(extra, times.add(self.records[-1]["step_ms"]))
-            self._emit(self.records[-1])
-            if spec.memory_early_stop and memory_is_flat(self.records, spec.warmup_steps):
-                break  # every further step would read the same bytes
+        with keeper if keeper is not None else contextlib.nullcontext():  # (its hooks off at the end)
+            for step in range(1, spec.steps + 1):
+                self.where["step"] = step
+                with keeper.step(step) if keeper is not None else contextlib.nullcontext():
+                    self.records.append(_memory_step(self, step))
+                if keeper is not None:
+                    keeper.keep(self.records[-1], measured=step > spec.warmup_steps)
+                extra = self.records[-1]["extra"]
+                extra["pass"] = "memory"
+                extra[STEPS_PLANNED] = steps_planned(spec.steps, spec.timed_steps)
+                _note_step_time(extra, times.add(self.records[-1]["step_ms"]))
+                self._emit(self.records[-1])
+                if spec.memory_early_stop and memory_is_flat(self.records, spec.warmup_steps):
+                    break  # every further step would read the same bytes
         self.timelines = keeper.kept() if keeper is not None else []
         self.peak_snapshot = keeper.peak_snapshot() if keeper is not None else None
 

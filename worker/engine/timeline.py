@@ -18,7 +18,10 @@ modules alike. Each checkpointed (or offloaded) group is a checkpoint region, na
 blocks it holds (``blocks.2`` or ``blocks.2-3``). Parameters and buffers, their gradients
 and their optimizer state are named after the module that owns the parameter.
 
-Nothing here runs in the timing pass: the hooks live only while a step is recorded.
+Nothing here runs in the timing pass: the hooks (the modules' forward wrappers and the
+saved-tensor hooks) are put on for a recorded step and stay on only while the next step is
+recorded too (:meth:`TimelineKeeper.release` takes them off before a step that is not, and
+at the pass's end).
 
 On CUDA (not compiled) a recorded step runs under a live-tensor tracker of its own
 (:attr:`TimelineKeeper.shadow`: the CUDA storages, rounded to the allocator's 512-byte
@@ -179,9 +182,10 @@ def _timeline(step: int, columns: dict[str, Any], regions: list[str]) -> StepTim
 class TimelineKeeper:
     """Records memory-pass steps of ``run`` and keeps the first and a peak step.
 
-    Use :meth:`for_run` (None where no timeline is recorded), then, per step, :meth:`recording`
-    around it when :meth:`wants` it, and :meth:`keep` with its record (every step, recorded
-    or not); :meth:`kept` gives what to store.
+    Use :meth:`for_run` (None where no timeline is recorded) as a context around the pass (its
+    hooks off at the end), then, per step, :meth:`step` around it (:meth:`recording` when it
+    :meth:`wants` it) and :meth:`keep` with its record (every step, recorded or not);
+    :meth:`kept` gives what to store.
 
     Known limitations:
         - The kept peak step may be a later step than the summary's peak step (the first
@@ -288,7 +292,29 @@ class TimelineKeeper:
                 shadow.__exit__(None, None, None)
         if not self._state_named:  # the optimizer makes its state in its first step
             self._name_optimizer_state()
-        self.last = (step, rec.stop())
+        self.last = (step, rec.stop(keep_hooks=True))
+
+    @contextlib.contextmanager
+    def step(self, step: int) -> Iterator[None]:
+        """Around memory step ``step``: :meth:`recording` it when :meth:`wants` it, else with
+        the recorder's hooks off (:meth:`release`)."""
+        if self.wants(step):
+            with self.recording(step):
+                yield
+        else:
+            self.release()
+            yield
+
+    def release(self) -> None:
+        """Take the recorder's hooks off (before a step not recorded, and at the pass's end):
+        what the steps recorded one after another shared (:meth:`TimelineRecorder.stop`)."""
+        self.recorder.release()
+
+    def __enter__(self) -> TimelineKeeper:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
 
     def _track_resident(self, shadow: LiveTensorTracker) -> None:
         """On CUDA, before a recorded step: count what is alive on the device by what it is

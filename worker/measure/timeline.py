@@ -163,7 +163,17 @@ class TimelineRecorder:
         #: the modules whose forward is wrapped now, each with the instance ``forward`` it
         #: had before (None: the class's) and the wrapper
         self._wrapped: list[tuple[nn.Module, Any, Any]] = []
+        self._wrapped_thread = -1  # the thread the wrappers number the step's nodes for
         self._saved_hooks: contextlib.ExitStack | None = None
+        # the module stack and where each module's forward began and ended in autograd's
+        # numbering of nodes, with the module running there; numbers are counted per thread:
+        # the step's thread's here, a recomputation's on autograd's device thread (CUDA) in
+        # _other, with the ranges of numbers each of its recomputations made. The wrappers
+        # hold these: emptied, not replaced, from step to step
+        self._stack: list[tuple[str, int]] = []
+        self._seqs: list[int] = []
+        self._owners: list[tuple[str, int]] = []
+        self._other: dict[int, tuple[list[int], list[tuple[str, int]]]] = {}
         self._reset()
 
     def _reset(self) -> None:
@@ -176,14 +186,8 @@ class TimelineRecorder:
         self._outputs: dict[int, int] = {}
         self._phases: list[tuple[int, str]] = []
         self._recompute_spans: list[list[int]] = []
-        self._stack: list[tuple[str, int]] = []
-        # where each module's forward began and ended in autograd's numbering of nodes, and
-        # the module running there; numbers are counted per thread: the step's thread's here,
-        # a recomputation's on autograd's device thread (CUDA) in _other, with the ranges of
-        # numbers each of its recomputations made
-        self._seqs: list[int] = []
-        self._owners: list[tuple[str, int]] = []
-        self._other: dict[int, tuple[list[int], list[tuple[str, int]]]] = {}
+        for marks in (self._stack, self._seqs, self._owners, self._other):
+            marks.clear()
         self._ranges: dict[int, list[tuple[int, int]]] = {}
         self._range_starts: list[int] = []
         self._thread = threading.get_ident()
@@ -202,33 +206,49 @@ class TimelineRecorder:
         """Start recording a step: the blocks alive now are its resident blocks, named by
         their storage's key (``UntypedStorage._cdata``) in ``names_by_key`` (the parameters',
         the optimizer state's), else ``unknown`` until :meth:`name` names them. The step's
-        phases are told by :meth:`phase`. Call inside the tracker's mode. (A step begun while
-        another is recorded ends that one first: its hooks would stay on autograd's stack.)"""
-        self._stop_hooks()
+        phases are told by :meth:`phase`. Call inside the tracker's mode. The module wrappers
+        and the saved-tensor hooks of a step stopped with ``keep_hooks`` (on this thread) serve
+        this one; a step begun while another is recorded takes its hooks over."""
+        here = threading.get_ident()
+        if self._wrapped and self._wrapped_thread != here:
+            self._stop_hooks()
         self._reset()
-        self._thread = threading.get_ident()
+        self._thread = here
         named, blocks = (names_by_key or {}).get, self.blocks
         for block, (key, (_ref, info)) in enumerate(self.tracker._live.items()):
             info.block = block
             blocks.append((info, info.nbytes, (named(key, UNKNOWN), -1), None, 0))
         self._resident = len(self.blocks)
-        self._wrap_forwards()
-        self._saved_hooks = contextlib.ExitStack()
-        self._saved_hooks.enter_context(torch.autograd.graph.saved_tensors_hooks(self._pack, _same))
+        if not self._wrapped:
+            self._wrap_forwards()
+            self._wrapped_thread = here
+        if self._saved_hooks is None:
+            self._saved_hooks = contextlib.ExitStack()
+            self._saved_hooks.enter_context(torch.autograd.graph.saved_tensors_hooks(self._pack, _same))
         self.tracker.recorder = self
 
     def end(self) -> dict[str, Any]:
         """Stop recording; the step's columns (:meth:`RecordedStep.columns`)."""
         return self.stop().columns()
 
-    def stop(self) -> RecordedStep:
+    def stop(self, keep_hooks: bool = False) -> RecordedStep:
         """Stop recording; the step as recorded, its columns made only when asked for (a
-        step not kept costs no more)."""
+        step not kept costs no more). ``keep_hooks``: leave the module wrappers and the
+        saved-tensor hooks on for a next step recorded right after this one (their setting up
+        and taking off, on the tests' tiny transformer about a tenth of what recording costs
+        a step); :meth:`release` takes them off. Until then no module may run but in a
+        recorded step (its calls would be pushed on the module stack)."""
         self.tracker.recorder = None
-        self._stop_hooks()
+        if not keep_hooks:
+            self._stop_hooks()
         step = RecordedStep(self, self.policy_ops)
         self._reset()
         return step
+
+    def release(self) -> None:
+        """Take off the module wrappers and the saved-tensor hooks a step left on
+        (:meth:`stop` with ``keep_hooks``); nothing when none are on."""
+        self._stop_hooks()
 
     def abort(self) -> None:
         """Stop recording without a result (the step raised)."""

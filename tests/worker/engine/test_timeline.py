@@ -210,6 +210,37 @@ def test_nothing_of_it_runs_in_the_timing_pass(monkeypatch):
     assert seen and all(s == (None, None, 0, False) for s in seen), seen
 
 
+def test_steps_recorded_one_after_another_share_the_hooks_and_a_step_not_recorded_has_none(monkeypatch):
+    # the wrappers and the saved-tensor hooks stay on from one recorded step to the next
+    # (the same wrapper objects), and are off for a step that is not recorded and after the pass
+    from ckptlab.worker.engine import context
+
+    seen = []
+    memory_step = context._memory_step
+
+    def watched(run, step):
+        modules = list(run.built.module.modules())
+        record = memory_step(run, step)
+        seen.append(
+            (
+                step,
+                run.meter.timeline is not None,
+                tuple(vars(m).get("forward") for m in modules),
+                torch._C._autograd._top_saved_tensors_default_hooks(True) is not None,
+            )
+        )
+        return record
+
+    monkeypatch.setattr(context, "_memory_step", watched)
+    _run("transformer", "per_block", steps=5, warmup_steps=1, timed_steps=1, paired_timing=False)
+    recorded = [s for s in seen if s[1]]
+    assert [s[0] for s in recorded] == [1, 2] and len(seen) > 2  # flat: the later steps are not recorded
+    assert recorded[0][2] == recorded[1][2] and all(f is not None for f in recorded[0][2])
+    assert all(s[3] for s in recorded)
+    for _step, _, forwards, hooked in seen[2:]:
+        assert forwards == (None,) * len(forwards) and not hooked
+
+
 def test_module_names_are_the_blocks_names_as_built():
     spec = make_spec(model=SHARDED_MODELS["transformer"], checkpoint={"strategy": "per_block", "every": 2})
     built = build_checkpointed(spec, torch.device("cpu"))
