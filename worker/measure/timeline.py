@@ -6,7 +6,8 @@ The tracker (:class:`ckptlab.worker.measure.memory.LiveTensorTracker`) tells its
 ``recorder`` of each counted allocation and free; this module names them:
 
 - **Module**: while a step is recorded, each of the model's modules runs its ``forward``
-  through a wrapper (an instance attribute, removed after the step) that keeps a stack of
+  through a wrapper (an instance attribute, removed after the step, or after the last of
+  steps recorded one after another: :meth:`TimelineRecorder.stop`) that keeps a stack of
   the modules running (in forward, and in a checkpoint's recomputation during backward).
   In backward, the autograd node running (``torch._C._current_autograd_node()``) is mapped
   back to the module whose forward made it, by its sequence number (nodes are numbered in
@@ -45,10 +46,13 @@ Known limitations:
       allocate is named after the module that called it (global module hooks would run
       before them, but put every module call of the process on ``nn.Module._call_impl``'s
       slow path: about 1% of the tests' tiny transformer's memory pass, docs/benchmarks.md).
-    - During a recorded step the model's modules carry the wrappers: a copy or pickle of
-      the model made then (user code; the engine makes none inside the memory pass)
-      copies or fails on them, and a ``forward`` a model stores for later calls keeps
-      the step's wrapper.
+    - During a recorded step (and between steps recorded one after another) the model's
+      modules carry the wrappers: a copy or pickle of the model made then (user code; the
+      engine makes none inside the memory pass) copies or fails on them, and a ``forward``
+      a model stores for later calls keeps the step's wrapper. A ``forward`` replaced
+      between two steps recorded one after another is not followed in the second.
+    - A step's hooks are the thread's that began it (autograd's saved-tensor hooks are per
+      thread): begin, stop, release and abort on that thread.
 """
 
 from __future__ import annotations
@@ -106,8 +110,8 @@ class TimelineRecorder:
 
     Args:
         tracker: the run's live-tensor tracker (CPU; exact bytes).
-        names: module -> its fully-qualified name (their ``forward`` is wrapped while a step
-            is recorded, and only then; other modules are not followed).
+        names: module -> its fully-qualified name (their ``forward`` is wrapped while steps
+            are recorded, and only then; other modules are not followed).
         regions: module -> the index of the checkpoint region it runs in (the modules of a
             checkpointed group); modules not in it run in none.
         region_roots: the module that is each region (a checkpointed group) -> its index:
@@ -163,7 +167,7 @@ class TimelineRecorder:
         #: the modules whose forward is wrapped now, each with the instance ``forward`` it
         #: had before (None: the class's) and the wrapper
         self._wrapped: list[tuple[nn.Module, Any, Any]] = []
-        self._wrapped_thread = -1  # the thread the wrappers number the step's nodes for
+        self._hooked_thread = -1  # the thread the hooks are on (a step's, begun there)
         self._saved_hooks: contextlib.ExitStack | None = None
         # the module stack and where each module's forward began and ended in autograd's
         # numbering of nodes, with the module running there; numbers are counted per thread:
@@ -207,11 +211,16 @@ class TimelineRecorder:
         their storage's key (``UntypedStorage._cdata``) in ``names_by_key`` (the parameters',
         the optimizer state's), else ``unknown`` until :meth:`name` names them. The step's
         phases are told by :meth:`phase`. Call inside the tracker's mode. The module wrappers
-        and the saved-tensor hooks of a step stopped with ``keep_hooks`` (on this thread) serve
-        this one; a step begun while another is recorded takes its hooks over."""
+        and the saved-tensor hooks of a step stopped with ``keep_hooks`` serve this one; a
+        step begun while another is recorded takes its hooks over.
+
+        Raises:
+            RuntimeError: hooks a step left on are another thread's (autograd's saved-tensor
+                hooks are per thread: :meth:`release` them there first).
+        """
         here = threading.get_ident()
-        if self._wrapped and self._wrapped_thread != here:
-            self._stop_hooks()
+        if (self._wrapped or self._saved_hooks is not None) and self._hooked_thread != here:
+            raise RuntimeError("the timeline recorder's hooks are on another thread: release them there first")
         self._reset()
         self._thread = here
         named, blocks = (names_by_key or {}).get, self.blocks
@@ -219,9 +228,9 @@ class TimelineRecorder:
             info.block = block
             blocks.append((info, info.nbytes, (named(key, UNKNOWN), -1), None, 0))
         self._resident = len(self.blocks)
+        self._hooked_thread = here
         if not self._wrapped:
             self._wrap_forwards()
-            self._wrapped_thread = here
         if self._saved_hooks is None:
             self._saved_hooks = contextlib.ExitStack()
             self._saved_hooks.enter_context(torch.autograd.graph.saved_tensors_hooks(self._pack, _same))
@@ -235,9 +244,10 @@ class TimelineRecorder:
         """Stop recording; the step as recorded, its columns made only when asked for (a
         step not kept costs no more). ``keep_hooks``: leave the module wrappers and the
         saved-tensor hooks on for a next step recorded right after this one (their setting up
-        and taking off, on the tests' tiny transformer about a tenth of what recording costs
-        a step); :meth:`release` takes them off. Until then no module may run but in a
-        recorded step (its calls would be pushed on the module stack)."""
+        and taking off, on the tests' tiny transformer about a sixth of what recording costs
+        a step); :meth:`release` takes them off. Until then every module call and every
+        tensor autograd saves pays the hooks (nothing is recorded: the next step empties the
+        module stack)."""
         self.tracker.recorder = None
         if not keep_hooks:
             self._stop_hooks()
@@ -247,7 +257,10 @@ class TimelineRecorder:
 
     def release(self) -> None:
         """Take off the module wrappers and the saved-tensor hooks a step left on
-        (:meth:`stop` with ``keep_hooks``); nothing when none are on."""
+        (:meth:`stop` with ``keep_hooks``), and the tracker's recorder if a step never
+        stopped; nothing when none are on."""
+        if self.tracker.recorder is self:
+            self.tracker.recorder = None
         self._stop_hooks()
 
     def abort(self) -> None:
@@ -260,8 +273,8 @@ class TimelineRecorder:
         """Each named module's ``forward`` through :meth:`_followed` as an instance
         attribute: ``nn.Module.__call__`` keeps its fast path (no hooks), where global
         module hooks sent every module call of the process down the slow one (a closure, a
-        set and the hook loops per call). Made after :meth:`_reset`: the wrappers hold the
-        step's lists."""
+        set and the hook loops per call). The wrappers hold the module stack and the node
+        marks, emptied (not replaced) for each step they serve."""
         for module, owner in self._owner_of.items():
             own = module.__dict__.get("forward")
             followed = self._followed(module.forward, owner, self.region_roots.get(module))
@@ -381,8 +394,8 @@ class TimelineRecorder:
         the output to its graph node in a cycle that outlives the step when backward never
         reaches that node (an output the loss ignores), as BlockRecorder._pack says."""
         plain = type(t) is torch.Tensor
-        if plain or (type(t) is FakeTensor and not isinstance(t, nn.Parameter)):  # (as _counted; a
-            # meta storage is never among the tracker's live ones)
+        if plain or (type(t) is FakeTensor and not isinstance(t, nn.Parameter)):  # (as _counted but
+            # the meta check: a plain meta tensor's storage is never among the tracker's live ones)
             entry = self.tracker._live.get(t.untyped_storage()._cdata)
             if entry is not None and entry[1].block >= 0:
                 self._saved.setdefault(entry[1].block, self._stack[-1][1] if self._stack else -1)

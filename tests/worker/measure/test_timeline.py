@@ -186,6 +186,35 @@ def test_marking_saved_tensors_sends_no_detach_through_the_trackers_mode():
     assert _detaches_seen(record=True) == _detaches_seen(record=False)
 
 
+def test_hooks_left_on_by_a_step_are_the_threads_that_recorded_it():
+    import threading
+
+    tracker = LiveTensorTracker()
+    with tracker:
+        model = Net()
+        rec = TimelineRecorder(tracker, {m: n for n, m in model.named_modules()})
+        rec.begin()
+        rec.stop(keep_hooks=True)
+        assert "forward" in vars(model.fc1)  # left on for a next recorded step
+        rec.begin()  # the same thread: taken over
+        rec.stop(keep_hooks=True)
+        raised = []
+
+        def elsewhere() -> None:
+            try:
+                rec.begin()
+            except RuntimeError as exc:
+                raised.append(exc)
+
+        worker = threading.Thread(target=elsewhere)
+        worker.start()
+        worker.join()
+        assert raised and tracker.recorder is None
+        rec.release()
+    assert "forward" not in vars(model.fc1)
+    assert torch._C._autograd._top_saved_tensors_default_hooks(True) is None
+
+
 def test_name_renames_the_live_block_of_a_tensor():
     tracker = LiveTensorTracker()
     with tracker:
