@@ -209,7 +209,7 @@ class TimelineRecorder:
     def begin(self, names_by_key: Mapping[int, str] | None = None) -> None:
         """Start recording a step: the blocks alive now are its resident blocks, named by
         their storage's key (``UntypedStorage._cdata``) in ``names_by_key`` (the parameters',
-        the optimizer state's), else ``unknown`` until :meth:`name` names them. The step's
+        the optimizer state's), else ``unknown`` until :meth:`name_storages` names them. The step's
         phases are told by :meth:`phase`. Call inside the tracker's mode. The module wrappers
         and the saved-tensor hooks of a step stopped with ``keep_hooks`` serve this one; a
         step begun while another is recorded takes its hooks over.
@@ -221,8 +221,7 @@ class TimelineRecorder:
         here = threading.get_ident()
         if (self._wrapped or self._saved_hooks is not None) and self._hooked_thread != here:
             raise RuntimeError("the timeline recorder's hooks are on another thread: release them there first")
-        self._reset()
-        self._thread = here
+        self._reset()  # (the step's thread: this one)
         named, blocks = (names_by_key or {}).get, self.blocks
         for block, (key, (_ref, info)) in enumerate(self.tracker._live.items()):
             info.block = block
@@ -331,16 +330,9 @@ class TimelineRecorder:
 
     # -- naming ------------------------------------------------------------------------
 
-    def name(self, tensors: Iterable[torch.Tensor], module: str) -> None:
-        """Name the live blocks of ``tensors`` after ``module`` (a parameter's owner: the
-        parameter, its gradient, its optimizer state)."""
-        self.name_storages(
-            [t.untyped_storage()._cdata for t in tensors if isinstance(t, torch.Tensor) and not t.is_meta], module
-        )
-
     def name_storages(self, keys: Iterable[int], module: str) -> None:
         """Name the live blocks of the storages ``keys`` (``UntypedStorage._cdata``) after
-        ``module``: :meth:`name` for a caller that has the keys already."""
+        ``module`` (a parameter's owner: the parameter, its gradient, its optimizer state)."""
         live, n, renamed = self.tracker._live, len(self.blocks), self._renamed
         for key in keys:
             entry = live.get(key)

@@ -215,13 +215,13 @@ def test_hooks_left_on_by_a_step_are_the_threads_that_recorded_it():
     assert torch._C._autograd._top_saved_tensors_default_hooks(True) is None
 
 
-def test_name_renames_the_live_block_of_a_tensor():
+def test_name_storages_renames_the_live_block_of_a_storage():
     tracker = LiveTensorTracker()
     with tracker:
         model = Net()
         rec = TimelineRecorder(tracker, {model: ""})
         rec.begin()
-        rec.name([model.fc1.weight], "fc1")
+        rec.name_storages([model.fc1.weight.untyped_storage()._cdata], "fc1")
         cols = rec.end()
     assert "fc1" in cols["modules"] and Unattributed.UNKNOWN in cols["modules"]
 
