@@ -229,8 +229,10 @@ class TimelineKeeper:
         self._state_named = False
         #: the step just recorded: (step, what the recorder left), made a timeline if kept
         self.last: tuple[int, RecordedStep] | None = None
-        self._first: StepTimeline | None = None
-        self._best: dict[bool, tuple[int, StepTimeline]] = {}
+        #: the first step and the highest of each class (:meth:`keep`): (step, its record)
+        self._first: tuple[int, RecordedStep] | None = None
+        self._best: dict[bool, tuple[int, tuple[int, RecordedStep]]] = {}
+        self._made: dict[int, StepTimeline] = {}  # each kept step's timeline, once made
         #: the highest peak of any step so far, of the steps after the warm-up (bytes)
         self._highest: dict[bool, int] = {}
         #: the last step's peak went above every step before it: record the next one
@@ -335,21 +337,19 @@ class TimelineKeeper:
         shadow.category = MemoryCategory.OTHER.value
         shadow.reset_peak()
 
-    def _owner_of(self, t: torch.Tensor) -> str | None:
-        entry = self.owner.get(id(t))
-        return entry[1] if entry is not None and entry[0] is t else None
-
     def _name_optimizer_state(self) -> None:
         """Name the optimizer state after its parameters' modules, and remember its storages
         (kept from step to step: Adam's moments are updated in place)."""
+        named: dict[int, str] = {}
+        owner, tensor = self.owner.get, torch.Tensor
         for p, state in self.run.opt.state.items():
-            fqn = self._owner_of(p)
-            if fqn is not None:
-                keys = [
-                    v.untyped_storage()._cdata for v in state.values() if isinstance(v, torch.Tensor) and not v.is_meta
-                ]
-                self.recorder.name_storages(keys, fqn)
-                self.by_key.update(dict.fromkeys(keys, fqn))
+            entry = owner(id(p))
+            if entry is not None and entry[0] is p:
+                for v in state.values():
+                    if isinstance(v, tensor) and not v.is_meta:
+                        named[v.untyped_storage()._cdata] = entry[1]
+        self.recorder.name_storages(named)
+        self.by_key.update(named)
         self._state_named = len(self.run.opt.state) > 0
 
     def keep(self, record: dict[str, Any], *, measured: bool) -> None:
@@ -385,11 +385,15 @@ class TimelineKeeper:
         self._close_history(step if True in classes or (classes and True not in self._best) else None)
         if step != 1 and not classes:
             return
-        tl = _timeline(step, recorded.columns(), self.region_names)
+        # its columns are made at the pass's end (:meth:`kept`), for the steps still kept then
+        # and one after another (the second with the first's code and data warm); what can
+        # change until then, the categories of its blocks, is read now
+        recorded.settle()
+        kept = (step, recorded)
         if step == 1:
-            self._first = tl
+            self._first = kept
         for cls in classes:
-            self._best[cls] = (peak, tl)
+            self._best[cls] = (peak, kept)
 
     def _close_history(self, step: int | None = None) -> None:
         """Stop the open allocator history, keeping its snapshot as step ``step``'s (None:
@@ -415,7 +419,8 @@ class TimelineKeeper:
     def kept(self) -> list[tuple[StepTimeline, bool]]:
         """``(timeline, is_peak)`` of the first step and of the highest recorded step (once
         when the same); ``is_peak`` when it reaches the run's peak as the summary takes it
-        (the highest step after the warm-up when any step is)."""
+        (the highest step after the warm-up when any step is). Their columns are made at the
+        first call (the pass's end), once."""
         cls = True if True in self._best else False
         best = self._best.get(cls)
         peak = best[1] if best else None
@@ -423,4 +428,11 @@ class TimelineKeeper:
         out = [(self._first, reaches and self._first is peak)] if self._first is not None else []
         if peak is not None and peak is not self._first:
             out.append((peak, reaches))
-        return out
+        return [(self._timeline(step, recorded), is_peak) for (step, recorded), is_peak in out]
+
+    def _timeline(self, step: int, recorded: RecordedStep) -> StepTimeline:
+        """Step ``step``'s timeline from its record, made once (:meth:`kept` may be asked twice)."""
+        made = self._made.get(step)
+        if made is None:
+            made = self._made[step] = _timeline(step, recorded.columns(), self.region_names)
+        return made

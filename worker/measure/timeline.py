@@ -330,11 +330,12 @@ class TimelineRecorder:
 
     # -- naming ------------------------------------------------------------------------
 
-    def name_storages(self, keys: Iterable[int], module: str) -> None:
-        """Name the live blocks of the storages ``keys`` (``UntypedStorage._cdata``) after
-        ``module`` (a parameter's owner: the parameter, its gradient, its optimizer state)."""
+    def name_storages(self, modules: Mapping[int, str]) -> None:
+        """Name the live block of each storage of ``modules`` (``UntypedStorage._cdata`` ->
+        module name) after its module (a parameter's owner: the parameter, its gradient, its
+        optimizer state)."""
         live, n, renamed = self.tracker._live, len(self.blocks), self._renamed
-        for key in keys:
+        for key, module in modules.items():
             entry = live.get(key)
             if entry is not None and 0 <= entry[1].block < n:
                 renamed[entry[1].block] = module
