@@ -222,9 +222,10 @@ def bench_cold(url: str, exp_id: int, samples: int, warm: bool) -> dict:
     } | {"points": out[0]["points"]}
 
 
-def _memory_pass_ms(spec, record: bool) -> tuple[float, int, int]:
+def _memory_pass_ms(spec, record: bool, around=None) -> tuple[float, int, int]:
     """One memory pass of ``spec`` with recording on or off: its ms, the peak step's events
-    and the steps it ran."""
+    and the steps it ran. ``around``: called with the pass (a function of no arguments) to
+    run it (:func:`_in_ffi_call`), instead of calling it."""
     import torch
 
     from ckptlab.settings import get_settings
@@ -241,7 +242,7 @@ def _memory_pass_ms(spec, record: bool) -> tuple[float, int, int]:
     with meter.mode():
         run.build(None)
         t0 = time.process_time()  # CPU time: steadier than wall time on a busy host
-        run.memory_pass()
+        run.memory_pass() if around is None else around(run.memory_pass)
         elapsed = (time.process_time() - t0) * 1e3
     events = max((tl.n_events for tl, _ in run.timelines), default=0)
     return elapsed, events, len(run.records)
@@ -285,9 +286,13 @@ def bench_recording(name: str, cfg: dict, rounds: int, steps: int, threads: int 
     }
 
 
-def _passes_only(cfg: dict, passes: int, record: bool, steps: int) -> None:
+def _passes_only(cfg: dict, passes: int, record: bool, steps: int, callgrind: bool = False) -> None:
     """Two warm-up memory passes of ``cfg`` (recording on, then off), then ``passes`` with
-    ``record``, on one torch thread: what an instruction counter compares."""
+    ``record``, on one torch thread: what an instruction counter compares. ``callgrind``:
+    after the warm-up, turn callgrind's instrumentation on (``callgrind_control -i on``: run
+    valgrind with ``--instr-atstart=no``, the imports then run uninstrumented, about five
+    times faster) and run each pass inside a C call (:func:`_in_ffi_call`: with
+    ``--toggle-collect=ffi_call`` only the passes are counted, not the models' builds)."""
     import torch
 
     from ckptlab.spec.experiment import ExperimentSpec
@@ -296,8 +301,33 @@ def _passes_only(cfg: dict, passes: int, record: bool, steps: int) -> None:
     torch.set_num_threads(1)
     _memory_pass_ms(spec, True)
     _memory_pass_ms(spec, False)
+    if callgrind:
+        subprocess.run(["callgrind_control", "-i", "on", str(os.getpid())], check=True, capture_output=True)
     for _ in range(passes):
-        _memory_pass_ms(spec, record)
+        _memory_pass_ms(spec, record, around=_in_ffi_call if callgrind else None)
+
+
+def _in_ffi_call(fn) -> None:
+    """Run ``fn()`` as the comparison callback of one libc ``lfind`` over one element, called
+    through ``ctypes``: inside ``ffi_call``, which valgrind's ``--toggle-collect`` can name
+    (a Python function has no C symbol of its own)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None)
+    raised: list[BaseException] = []
+
+    def compare(_a, _b) -> int:
+        try:
+            fn()
+        except BaseException as e:  # (a callback's exception would be printed and lost)
+            raised.append(e)
+        return 0
+
+    callback = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)(compare)
+    key, items, count = ctypes.c_int(0), (ctypes.c_int * 1)(0), ctypes.c_size_t(1)
+    libc.lfind(ctypes.byref(key), items, ctypes.byref(count), ctypes.sizeof(ctypes.c_int), callback)
+    if raised:
+        raise raised[0]
 
 
 def main() -> None:
@@ -321,13 +351,19 @@ def main() -> None:
         "`valgrind --tool=callgrind` once per --record and divide the totals' difference by it",
     )
     ap.add_argument("--record", choices=("on", "off"), default="on")
+    ap.add_argument(
+        "--callgrind",
+        action="store_true",
+        help="with --passes: count only the passes after the warm-up (run valgrind with "
+        "--instr-atstart=no --toggle-collect=ffi_call; see _passes_only)",
+    )
     args = ap.parse_args()
     from ckptlab.worker.measure.heap import keep_freed_heap
 
     keep_freed_heap()  # as run_experiment does before its passes
     names = args.configs.split(",") if args.configs else list(CONFIGS)
     if args.passes is not None:
-        _passes_only(CONFIGS[names[0]], args.passes, args.record == "on", args.steps)
+        _passes_only(CONFIGS[names[0]], args.passes, args.record == "on", args.steps, args.callgrind)
         return
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="ckptlab-bench-timeline-") as tmp:

@@ -229,10 +229,8 @@ class TimelineKeeper:
         self._state_named = False
         #: the step just recorded: (step, what the recorder left), made a timeline if kept
         self.last: tuple[int, RecordedStep] | None = None
-        #: the first step and the highest of each class (:meth:`keep`): (step, its record)
-        self._first: tuple[int, RecordedStep] | None = None
-        self._best: dict[bool, tuple[int, tuple[int, RecordedStep]]] = {}
-        self._made: dict[int, StepTimeline] = {}  # each kept step's timeline, once made
+        self._first: StepTimeline | None = None
+        self._best: dict[bool, tuple[int, StepTimeline]] = {}
         #: the highest peak of any step so far, of the steps after the warm-up (bytes)
         self._highest: dict[bool, int] = {}
         #: the last step's peak went above every step before it: record the next one
@@ -385,15 +383,11 @@ class TimelineKeeper:
         self._close_history(step if True in classes or (classes and True not in self._best) else None)
         if step != 1 and not classes:
             return
-        # its columns are made at the pass's end (:meth:`kept`), for the steps still kept then
-        # and one after another (the second with the first's code and data warm); what can
-        # change until then, the categories of its blocks, is read now
-        recorded.settle()
-        kept = (step, recorded)
+        tl = _timeline(step, recorded.columns(), self.region_names)
         if step == 1:
-            self._first = kept
+            self._first = tl
         for cls in classes:
-            self._best[cls] = (peak, kept)
+            self._best[cls] = (peak, tl)
 
     def _close_history(self, step: int | None = None) -> None:
         """Stop the open allocator history, keeping its snapshot as step ``step``'s (None:
@@ -419,8 +413,7 @@ class TimelineKeeper:
     def kept(self) -> list[tuple[StepTimeline, bool]]:
         """``(timeline, is_peak)`` of the first step and of the highest recorded step (once
         when the same); ``is_peak`` when it reaches the run's peak as the summary takes it
-        (the highest step after the warm-up when any step is). Their columns are made at the
-        first call (the pass's end), once."""
+        (the highest step after the warm-up when any step is)."""
         cls = True if True in self._best else False
         best = self._best.get(cls)
         peak = best[1] if best else None
@@ -428,11 +421,4 @@ class TimelineKeeper:
         out = [(self._first, reaches and self._first is peak)] if self._first is not None else []
         if peak is not None and peak is not self._first:
             out.append((peak, reaches))
-        return [(self._timeline(step, recorded), is_peak) for (step, recorded), is_peak in out]
-
-    def _timeline(self, step: int, recorded: RecordedStep) -> StepTimeline:
-        """Step ``step``'s timeline from its record, made once (:meth:`kept` may be asked twice)."""
-        made = self._made.get(step)
-        if made is None:
-            made = self._made[step] = _timeline(step, recorded.columns(), self.region_names)
-        return made
+        return out

@@ -48,9 +48,9 @@ class RecordedStep:
     (:meth:`ckptlab.worker.measure.timeline.TimelineRecorder.stop`; ``recorder``: it): per block
     its tracker entry, bytes, module, region, op and whether a recomputation made it; the
     events, the blocks autograd packed, the phases and recomputation spans. Its categories
-    are read from the tracker's entries by :meth:`settle` (the keeper's, when it keeps the
-    step), else when :meth:`columns` is called (a block's category at its free, or then:
-    retags happen as the engine learns what a tensor is, within its step)."""
+    are read from the tracker's entries when :meth:`columns` is called (a block's category
+    at its free, or now: retags happen as the engine learns what a tensor is, within its
+    step)."""
 
     def __init__(self, recorder: Any, policy_ops: dict[int, frozenset[str]]):
         r = recorder
@@ -59,16 +59,6 @@ class RecordedStep:
         self.outputs, self.phases, self.recompute_spans = r._outputs, r._phases, r._recompute_spans
         self.resident, self.policy_ops = r._resident, policy_ops
         self.region_roots = set(r.region_roots.values())
-        self._categories: np.ndarray | None = None
-
-    def settle(self) -> None:
-        """Read the blocks' categories now (each block's at its free, or now), for columns made
-        later (:meth:`columns`): a block alive past the step may be retagged after it."""
-        if self._categories is None:
-            infos = map(_first, self.blocks)
-            self._categories = np.fromiter(
-                map(_CATEGORY_CODES.__getitem__, map(_category, infos)), np.uint8, len(self.blocks)
-            )
 
     def columns(self) -> dict[str, Any]:
         """The step's columns (those of :class:`ckptlab.analysis.timeline.StepTimeline` but
@@ -112,9 +102,7 @@ class RecordedStep:
         return {
             "events": events,
             "nbytes": sizes,
-            "category": self._categories
-            if self._categories is not None
-            else np.fromiter(map(_CATEGORY_CODES.__getitem__, map(_category, infos)), np.uint8, n),
+            "category": np.fromiter(map(_CATEGORY_CODES.__getitem__, map(_category, infos)), np.uint8, n),
             "module": module_code,
             "op": op_code,
             "region": region,

@@ -226,24 +226,6 @@ def test_name_storages_renames_the_live_block_of_a_storage():
     assert "fc1" in cols["modules"] and Unattributed.UNKNOWN in cols["modules"]
 
 
-def test_a_settled_step_keeps_the_categories_its_blocks_had_then():
-    # the keeper makes a kept step's columns at the pass's end: a block alive past the step
-    # and retagged after it (as optimizer state is once it exists) keeps its step's category
-    tracker = LiveTensorTracker()
-    with tracker:
-        model = Net()
-        rec = TimelineRecorder(tracker, {model: ""})
-        rec.begin()
-        kept = torch.ones(64)  # made in the step, alive past it
-        step = rec.stop()
-        step.settle()
-        tracker.retag(kept, MemoryCategory.OPTIMIZER_STATE.value)
-        settled = step.columns()
-    block = int(settled["events"][-1])
-    assert settled["categories"][settled["category"][block]] == MemoryCategory.OTHER.value
-    assert tracker._live[kept.untyped_storage()._cdata][1].category == MemoryCategory.OPTIMIZER_STATE.value
-
-
 class _UnusedGate(nn.Module):
     """A block whose second output (a sigmoid, which saves its own output for backward) the
     loss ignores: backward never reaches its node."""
