@@ -290,8 +290,8 @@ class LiveTensorTracker(TorchDispatchMode):
         rec = self.recorder
         if rec is not None:  # the recorder's alloc, inline: a Python call less per allocation
             owner, blocks = rec.owner, rec.blocks
-            info.block = block = len(blocks)
-            blocks.append((info, nbytes, owner if owner is not None else rec.node_owner(), rec.op, rec.recomputing))
+            info.block = block = len(blocks) // 5  # (a flat list: see TimelineRecorder.blocks)
+            blocks.extend((info, nbytes, owner if owner is not None else rec.node_owner(), rec.op, rec.recomputing))
             rec.events.append(block)
         self._add(info, nbytes)
 

@@ -70,12 +70,13 @@ class RecordedStep:
         event index, phase) where each phase starts), ``recompute_spans`` ((first, end) event
         indices), ``n_resident`` (blocks ``0 .. n_resident - 1`` were alive as the step began)
         and ``region_keeps`` (:meth:`region_keeps`)."""
-        infos, nbytes, owners, ops, recomputed = zip(*self.blocks, strict=True) if self.blocks else ((),) * 5
+        b = self.blocks  # (flat: five items a block)
+        infos, nbytes, owners, ops, recomputed = b[0::5], b[1::5], b[2::5], b[3::5], b[4::5]
         # (map over C callables, not comprehensions: a kept step's columns are made inside the
         # memory pass, and small models' steps make few milliseconds of work)
         names = list(map(_first, owners))
         modules = {name: i for i, name in enumerate(dict.fromkeys(names))}
-        n = len(self.blocks)
+        n = len(infos)
         module_code = np.fromiter(map(modules.__getitem__, names), np.int32, n)
         region_of = list(map(_second, owners))
         for block, name in self.renamed.items():

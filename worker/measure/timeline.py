@@ -126,9 +126,11 @@ class TimelineRecorder:
 
     Attributes:
         op: the op (``OpOverload``) or call the tracker is counting outputs of (set by the tracker).
-        blocks: per block of the step: (tracker entry, bytes, (module name, region), op,
-            recomputations running as it was made); names and ops are coded once per kept
-            step (:meth:`RecordedStep.columns`), not at each event.
+        blocks: per block of the step, five items in a row: tracker entry, bytes, (module
+            name, region), op, recomputations running as it was made. Flat: a tuple per block
+            is one more object for the garbage collector to traverse until the columns
+            (its slices, :meth:`RecordedStep.columns`, which code names and ops once per kept
+            step) are made: a third of its work in a recorded pass (docs/benchmarks.md).
         events: the step's events: a block's index at its allocation, ``~index`` at its free.
         owner: (module name, region) of what is made now: the innermost module running, else
             the place in the step (``<batch>``, ``<loss>``, ``<optimizer>``); None in backward
@@ -178,10 +180,11 @@ class TimelineRecorder:
         self._seqs: list[int] = []
         self._owners: list[tuple[str, int]] = []
         self._other: dict[int, tuple[list[int], list[tuple[str, int]]]] = {}
+        self._resident_owners: dict[str, tuple[str, int]] = {}  # (one owner per name, step to step)
         self._reset()
 
     def _reset(self) -> None:
-        self.blocks: list[tuple[Any, int, tuple[str, int], Any, int]] = []
+        self.blocks: list[Any] = []  # (flat: five items a block)
         self._renamed: dict[int, str] = {}
         self.events: list[int] = []
         #: blocks autograd packed -> the region whose forward packed it (-1: none)
@@ -222,11 +225,15 @@ class TimelineRecorder:
         if (self._wrapped or self._saved_hooks is not None) and self._hooked_thread != here:
             raise RuntimeError("the timeline recorder's hooks are on another thread: release them there first")
         self._reset()  # (the step's thread: this one)
-        named, blocks = (names_by_key or {}).get, self.blocks
+        named, extend, owners = (names_by_key or {}).get, self.blocks.extend, self._resident_owners
         for block, (key, (_ref, info)) in enumerate(self.tracker._live.items()):
             info.block = block
-            blocks.append((info, info.nbytes, (named(key, UNKNOWN), -1), None, 0))
-        self._resident = len(self.blocks)
+            name = named(key, UNKNOWN)
+            owner = owners.get(name)
+            if owner is None:
+                owner = owners[name] = (name, -1)
+            extend((info, info.nbytes, owner, None, 0))
+        self._resident = len(self.blocks) // 5
         self._hooked_thread = here
         if not self._wrapped:
             self._wrap_forwards()
@@ -334,7 +341,7 @@ class TimelineRecorder:
         """Name the live block of each storage of ``modules`` (``UntypedStorage._cdata`` ->
         module name) after its module (a parameter's owner: the parameter, its gradient, its
         optimizer state)."""
-        live, n, renamed = self.tracker._live, len(self.blocks), self._renamed
+        live, n, renamed = self.tracker._live, len(self.blocks) // 5, self._renamed
         for key, module in modules.items():
             entry = live.get(key)
             if entry is not None and 0 <= entry[1].block < n:
@@ -430,8 +437,8 @@ class TimelineRecorder:
         """The tracker counted a new storage of ``nbytes`` bytes (``info``: its entry). (The
         tracker's own allocations append to :attr:`blocks` and :attr:`events` inline, as here.)"""
         owner = self.owner
-        info.block = block = len(self.blocks)
-        self.blocks.append((info, nbytes, owner if owner is not None else self.node_owner(), self.op, self.recomputing))
+        info.block = block = len(self.blocks) // 5
+        self.blocks.extend((info, nbytes, owner if owner is not None else self.node_owner(), self.op, self.recomputing))
         self.events.append(block)
 
     def free(self, info: Any) -> None:
