@@ -302,7 +302,7 @@ def _passes_only(cfg: dict, passes: int, record: bool, steps: int, callgrind: bo
     _memory_pass_ms(spec, True)
     _memory_pass_ms(spec, False)
     if callgrind:
-        subprocess.run(["callgrind_control", "-i", "on", str(os.getpid())], check=True, capture_output=True)
+        subprocess.run(["callgrind_control", "-i", "on", str(os.getpid())], check=True)  # (prints "OK.")
     for _ in range(passes):
         _memory_pass_ms(spec, record, around=_in_ffi_call if callgrind else None)
 
@@ -314,6 +314,15 @@ def _in_ffi_call(fn) -> None:
     import ctypes
 
     libc = ctypes.CDLL(None)
+    compare_type = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
+    libc.lfind.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.POINTER(ctypes.c_size_t),
+        ctypes.c_size_t,
+        compare_type,
+    ]
+    libc.lfind.restype = ctypes.c_void_p
     raised: list[BaseException] = []
 
     def compare(_a, _b) -> int:
@@ -323,7 +332,7 @@ def _in_ffi_call(fn) -> None:
             raised.append(e)
         return 0
 
-    callback = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)(compare)
+    callback = compare_type(compare)
     key, items, count = ctypes.c_int(0), (ctypes.c_int * 1)(0), ctypes.c_size_t(1)
     libc.lfind(ctypes.byref(key), items, ctypes.byref(count), ctypes.sizeof(ctypes.c_int), callback)
     if raised:
@@ -362,6 +371,8 @@ def main() -> None:
 
     keep_freed_heap()  # as run_experiment does before its passes
     names = args.configs.split(",") if args.configs else list(CONFIGS)
+    if args.callgrind and args.passes is None:
+        ap.error("--callgrind counts the passes of --passes: give --passes too")
     if args.passes is not None:
         _passes_only(CONFIGS[names[0]], args.passes, args.record == "on", args.steps, args.callgrind)
         return
