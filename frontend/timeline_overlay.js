@@ -220,7 +220,7 @@ export function showOverlay(params) {
 async function loadRuns(ids) {
   if (!ids.length) return { found: [], missing: [] };
   const [list, ...answers] = await Promise.all([
-    api(`/api/experiments?ids=${ids.join(',')}&limit=${ids.length}`),
+    api(`/api/experiments?ids=${ids.join(',')}&limit=${ids.length}&per_step=false`),
     ...ids.map((id) => api(`/api/experiments/${id}/timeline?max_points=${OVERLAY_POINTS}`)),
   ]);
   const exps = new Map(((list.ok && list.body.data) || []).map((e) => [e.id, e]));

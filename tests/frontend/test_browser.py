@@ -4,7 +4,7 @@ One ``python -m ckptlab.cli up`` per test session (a free port, a temporary data
 headless Debian chromium, driven with Playwright (no downloaded browser). The tests submit
 a sweep and an experiment from the form, watch them finish live (no reload), check the
 charts, the recommendation for a memory budget, the field errors of bad values, cancelling,
-and that a list of 100 experiments renders within a second. They also save the README's
+and a list of 100 experiments (its render time: bench/bench_list_page.py). They also save the README's
 screenshots (1280 px wide; in docs/screenshots/ with `make screenshots`).
 """
 

@@ -72,6 +72,9 @@ def test_a_corrupt_experiment_is_served_marked_and_nothing_else_fails(any_databa
             assert by_id[exp_id]["corrupt"]["fields"] == [column.strip()], (column, by_id[exp_id])
             assert by_id[exp_id]["corrupt"]["reason"].startswith(f"{column.strip()}: ")
             assert f"experiments row {exp_id} is corrupt" in caplog.text
+        brief = client.get("/api/experiments", params={"limit": 1000, "per_step": "false"})
+        assert brief.status_code == 200, brief.text
+        assert [e["corrupt"] for e in brief.json()["data"]] == [e["corrupt"] for e in listing.json()["data"]]
 
         exported = client.get("/api/experiments/export")
         assert exported.status_code == 200 and exported.json()["count"] == len(broken) + 1

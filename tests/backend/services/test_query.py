@@ -8,7 +8,7 @@ import io
 import pytest
 
 from ckptlab.db import queue, store
-from ckptlab.summary import RunSummary
+from ckptlab.summary import PER_STEP_FIELDS, RunSummary
 from tests.backend.conftest import add_steps, running_experiment
 from tests.factories import make_spec, spec_dict
 
@@ -72,6 +72,27 @@ def test_ids_for_comparison_keep_their_order(client, mixed):
     assert [e["id"] for e in listing(client, ids=f"{mixed['q1']},99999")["data"]] == [mixed["q1"]]
 
 
+def test_a_list_without_per_step_lists_is_the_full_list_less_those_keys(client, db_session, mixed):
+    timed = [1.5 + i / 10 for i in range(1000)]
+    run = running_experiment(db_session)
+    summary = {"activation_bytes": 9, "step_time_ms": 2.0, "paired_with": "none", "unit_note": "an extra key"}
+    summary.update({name: timed for name in PER_STEP_FIELDS})
+    queue.finish_experiment(
+        db_session, experiment_id=run.id, status="succeeded", summary=RunSummary.model_validate(summary)
+    )
+    full_r = client.get("/api/experiments")
+    brief_r = client.get("/api/experiments", params={"per_step": "false"})
+    assert brief_r.status_code == 200 and brief_r.headers["content-type"] == "application/json"
+    full, brief = full_r.json(), brief_r.json()
+    assert full["data"][0]["summary"]["step_times_ms"] == timed  # the default keeps them
+    for exp in full["data"]:
+        for name in PER_STEP_FIELDS:
+            (exp["summary"] or {}).pop(name, None)
+    assert brief == full and brief["data"][0]["summary"]["unit_note"] == "an extra key"
+    # One run's own answer always has them.
+    assert client.get(f"/api/experiments/{run.id}").json()["summary"]["paired_baseline_cpu_ms"] == timed
+
+
 @pytest.mark.parametrize(
     ("params", "field"),
     [
@@ -84,6 +105,7 @@ def test_ids_for_comparison_keep_their_order(client, mixed):
         ({"limit": 0}, "limit"),
         ({"offset": -1}, "offset"),
         ({"sweep_id": 2**70}, "sweep_id"),
+        ({"per_step": "maybe"}, "per_step"),
     ],
 )
 def test_bad_query_parameters_get_422(client, params, field):
