@@ -67,6 +67,10 @@ def test_a_stored_row_with_a_lone_surrogate_is_shown_escaped_not_a_500(client, d
     db_session.commit()
     _reads_answer(client, {good, bad})
     assert client.get(f"/api/experiments/{bad}").json()["spec"]["note"] == "broken \\ud800 text"
+    brief = client.get("/api/experiments", params={"per_step": "false"})  # the list page's request
+    assert brief.status_code == 200 and {e["id"]: e for e in brief.json()["data"]}[bad]["spec"]["note"] == (
+        "broken \\ud800 text"
+    )
     assert "broken \\ud800 text" in client.get("/api/experiments/export?format=csv").text
 
 
