@@ -6,7 +6,7 @@ import secrets
 from collections.abc import Iterator
 from typing import Annotated, Any
 
-from fastapi import Depends, HTTPException, Path, Request, status
+from fastapi import Depends, HTTPException, Path, Query, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BeforeValidator
 from sqlalchemy.orm import Session
@@ -15,6 +15,7 @@ from ckptlab.backend.middleware import WRITE_METHODS
 from ckptlab.backend.services.predictions import PredictionSlots
 from ckptlab.backend.services.series import SeriesCache
 from ckptlab.settings import Settings
+from ckptlab.summary import PER_STEP_FIELDS
 
 __all__ = [
     "SessionDep",
@@ -83,6 +84,16 @@ ExperimentId = Annotated[int, Path(ge=1, le=MAX_ID, description="experiment id",
 SweepId = Annotated[int, Path(ge=1, le=MAX_ID, description="sweep id", examples=[1]), BeforeValidator(digits)]
 PredictionId = Annotated[int, Path(ge=1, le=MAX_ID, description="prediction id", examples=[1]), BeforeValidator(digits)]
 PredictionSlotsDep = Annotated[PredictionSlots, Depends(get_prediction_slots)]
+#: ``?per_step=false`` on a list of runs: each summary without its per-step lists
+#: (:data:`ckptlab.summary.PER_STEP_FIELDS`), served by :func:`ckptlab.backend.encoding.json_without_per_step`.
+PerStepQuery = Annotated[
+    bool,
+    Query(
+        description="false: each summary without its per-step lists ("
+        + ", ".join(PER_STEP_FIELDS)
+        + "), which grow with the run's timed steps; GET /api/experiments/{id} has them"
+    ),
+]
 
 bearer = HTTPBearer(
     auto_error=False,

@@ -232,7 +232,7 @@ async function refresh() {
   c.loading = true;
   try {
     const [sr, rr, ...charts] = await Promise.all([
-      api(`/api/sweeps/${c.id}`),
+      api(`/api/sweeps/${c.id}?per_step=false`),
       api(`/api/sweeps/${c.id}/results`),
       ...CHARTS.map(([name]) => api(`/api/sweeps/${c.id}/charts/${name}`)),
     ]);
@@ -290,7 +290,7 @@ function startPolling() {
   const tick = async () => {
     if (c !== cur) return;
     try {
-      const r = await api(`/api/sweeps/${c.id}`);
+      const r = await api(`/api/sweeps/${c.id}?per_step=false`);
       if (c !== cur) return;
       if (r.ok) {
         renderProgress(r.body.progress, r.body.cancelled);

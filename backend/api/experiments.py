@@ -10,19 +10,19 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response, status
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse
-from pydantic_core import PydanticSerializationError
 from sse_starlette import EventSourceResponse
 
 from ckptlab.backend.deps import (
     MAX_ID,
     ComputedReadDep,
     ExperimentId,
+    PerStepQuery,
     SeriesCacheDep,
     SessionDep,
     SettingsDep,
     TokenDep,
 )
-from ckptlab.backend.encoding import SafeJSONResponse
+from ckptlab.backend.encoding import json_without_per_step
 from ckptlab.backend.schemas import (
     AttemptPublic,
     AttemptsPublic,
@@ -50,7 +50,6 @@ from ckptlab.db.models import Experiment
 from ckptlab.spec.experiment import ExperimentSpec, StrategyName
 from ckptlab.spec.kinds import ModelKindName
 from ckptlab.spec.limits import limit_errors
-from ckptlab.summary import PER_STEP_FIELDS
 
 #: Largest attempt number: ``steps.attempt`` and ``experiments.attempt`` are 32-bit columns
 #: (a worker would need 2**31 claims to reach it); beyond it, the same 422 on both databases.
@@ -132,14 +131,7 @@ def list_experiments(
     filters: FiltersDep,
     offset: Annotated[int, Query(ge=0, le=2**31)] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    per_step: Annotated[
-        bool,
-        Query(
-            description="false: each summary without its per-step lists ("
-            + ", ".join(PER_STEP_FIELDS)
-            + "), which grow with the run's timed steps; GET /api/experiments/{id} has them"
-        ),
-    ] = True,
+    per_step: PerStepQuery = True,
 ) -> ExperimentsPublic | Response:
     """A page of experiments matching every filter given; ``count`` is the total match. With
     ``per_step=false`` the summaries leave out :data:`ckptlab.summary.PER_STEP_FIELDS` (100
@@ -148,14 +140,7 @@ def list_experiments(
     page = ExperimentsPublic(data=[ExperimentPublic.model_validate(r) for r in rows], count=count)
     if per_step:
         return page
-    # The page's JSON less the per-step keys, written by pydantic in one call (a third of
-    # the time of a dict then json.dumps); a stored string UTF-8 cannot encode (a lone
-    # surrogate) fails that, and goes the default response class's way.
-    exclude = {"data": {"__all__": {"summary": set(PER_STEP_FIELDS)}}}
-    try:
-        return Response(page.model_dump_json(exclude=exclude), media_type="application/json")
-    except PydanticSerializationError:
-        return SafeJSONResponse(page.model_dump(mode="json", exclude=exclude))
+    return json_without_per_step(page, "data")
 
 
 @router.get(

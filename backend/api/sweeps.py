@@ -11,7 +11,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 from sse_starlette import EventSourceResponse
 
-from ckptlab.backend.deps import ComputedReadDep, SessionDep, SettingsDep, SweepId
+from ckptlab.backend.deps import ComputedReadDep, PerStepQuery, SessionDep, SettingsDep, SweepId
+from ckptlab.backend.encoding import json_without_per_step
 from ckptlab.backend.schemas import (
     ChartName,
     ChartPublic,
@@ -169,10 +170,12 @@ def list_sweeps(
 
 
 @router.get("/{sweep_id}", response_model=SweepPublic, responses=NOT_FOUND, summary="One sweep with its experiments")
-def get_sweep(session: SessionDep, sweep_id: SweepId) -> SweepPublic:
+def get_sweep(session: SessionDep, sweep_id: SweepId, per_step: PerStepQuery = True) -> SweepPublic | Response:
     """The sweep's definition, invalid combinations, progress (finished of total, counts per
-    status) and every experiment's axis values, baseline and summary."""
-    return _public(session, _get_or_404(session, sweep_id))
+    status) and every experiment's axis values, baseline and summary; with ``per_step=false``
+    the summaries without :data:`ckptlab.summary.PER_STEP_FIELDS` (what the sweep page asks)."""
+    public = _public(session, _get_or_404(session, sweep_id))
+    return public if per_step else json_without_per_step(public, "experiments")
 
 
 @router.post(

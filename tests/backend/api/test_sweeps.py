@@ -14,6 +14,7 @@ import pytest
 
 from ckptlab.db import queue
 from ckptlab.spec.sweeps import SweepError, axis_label, plan_sweep, unknown_axis_error
+from ckptlab.summary import PER_STEP_FIELDS, RunSummary
 from tests.factories import hf_model, spec_dict
 from tests.support import wait_for
 
@@ -157,6 +158,30 @@ def test_create_and_read_a_sweep(client):
     assert client.get(f"/api/sweeps/{sweep['id']}").json() == sweep
     listing = client.get("/api/sweeps").json()
     assert listing["count"] == 1 and listing["data"][0]["progress"]["total"] == 8
+
+
+def test_a_sweep_without_per_step_lists_is_the_whole_sweep_less_those_keys(client, db_session):
+    sweep = client.post("/api/sweeps", json=sweep_body(**{"checkpoint.segments": [2, 4]})).json()
+    timed = [2.0 + i / 100 for i in range(500)]
+    for _ in sweep["experiments"][:2]:
+        exp = queue.claim_next(db_session, worker_id="test:1")
+        summary = {"activation_bytes": exp.id, "paired_with": "none", **{name: timed for name in PER_STEP_FIELDS}}
+        queue.finish_experiment(
+            db_session, experiment_id=exp.id, status="succeeded", summary=RunSummary.model_validate(summary)
+        )
+    whole = client.get(f"/api/sweeps/{sweep['id']}").json()
+    brief = client.get(f"/api/sweeps/{sweep['id']}", params={"per_step": "false"})
+    assert brief.status_code == 200 and brief.headers["content-type"] == "application/json"
+    finished = [e for e in whole["experiments"] if e["summary"]]
+    assert len(finished) == 2 and all(e["summary"]["step_cpu_ms"] == timed for e in finished)
+    for e in finished:
+        for name in PER_STEP_FIELDS:
+            del e["summary"][name]
+    brief = brief.json()
+    assert brief.pop("progress")["counts"] == whole.pop("progress")["counts"]  # elapsed_s moves on
+    assert brief == whole
+    r = client.get(f"/api/sweeps/{sweep['id']}", params={"per_step": "some"})
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["query", "per_step"]
 
 
 @pytest.mark.parametrize(
