@@ -84,7 +84,7 @@ ExperimentId = Annotated[int, Path(ge=1, le=MAX_ID, description="experiment id",
 SweepId = Annotated[int, Path(ge=1, le=MAX_ID, description="sweep id", examples=[1]), BeforeValidator(digits)]
 PredictionId = Annotated[int, Path(ge=1, le=MAX_ID, description="prediction id", examples=[1]), BeforeValidator(digits)]
 PredictionSlotsDep = Annotated[PredictionSlots, Depends(get_prediction_slots)]
-#: ``?per_step=false`` on a list of runs: each summary without its per-step lists
+#: ``?per_step=false`` on the experiments list and on one sweep: each summary without its per-step lists
 #: (:data:`ckptlab.summary.PER_STEP_FIELDS`), served by :func:`ckptlab.backend.encoding.json_without_per_step`.
 PerStepQuery = Annotated[
     bool,

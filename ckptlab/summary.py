@@ -143,8 +143,9 @@ class ShardedGradientCheck(BaseModel):
 
 #: The summary's per-step lists: their length is the run's timed steps (up to 100,000), so a
 #: run of 1,000 timed steps carries about 76 KB of them against ~3.5 KB for everything else
-#: (measured on a tiny transformer's summary). ``GET /api/experiments?per_step=false`` lists
-#: runs without them; one run's ``GET /api/experiments/{id}`` always has them.
+#: (measured on a tiny transformer's summary). ``GET /api/experiments?per_step=false`` and
+#: ``GET /api/sweeps/{id}?per_step=false`` serve runs without them; one run's
+#: ``GET /api/experiments/{id}`` always has them.
 PER_STEP_FIELDS: tuple[str, ...] = (
     "step_times_ms",
     "step_cpu_ms",
