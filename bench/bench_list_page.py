@@ -28,9 +28,13 @@ whole summaries' time to the page's (median and quartiles). ``--busy N`` runs N 
 (the CI machine runs the browser tests beside the rest of the suite, two workers on two
 cores).
 
+``--answers`` measures, in this process and without a browser, the ``per_step=false``
+answer's serialisation and a sweep's answer size (see :func:`_answers`).
+
 Usage::
 
     .venv/bin/python bench/bench_list_page.py [--runs 100] [--timed-steps 20] [--rounds 15] [--busy 0]
+    .venv/bin/python bench/bench_list_page.py --answers [--timed-steps 1000]
 
 Prints a Markdown table.
 """
@@ -144,6 +148,71 @@ def _row(name: str, values: list[float], unit: str = "ms") -> str:
     )
 
 
+def _answers(data_dir: Path, summary: str, rounds: int) -> None:
+    """``--answers``: in this process, no browser. (1) The ``per_step=false`` list answer of
+    the database's 100 runs written as :func:`ckptlab.backend.encoding.json_without_per_step`
+    writes it against a dict then ``json.dumps`` (the default response class), process CPU
+    time, interleaved over ``rounds`` rounds: medians and the per-round ratio's quartiles.
+    (2) A 2 x 2 x 2 sweep (with its baselines) whose runs all carry ``summary``:
+    ``GET /api/sweeps/{id}`` bytes whole and with ``per_step=false``."""
+    import time
+
+    from fastapi.testclient import TestClient
+
+    from ckptlab.backend.app import create_app
+    from ckptlab.backend.encoding import SafeJSONResponse, json_without_per_step
+    from ckptlab.backend.schemas import ExperimentPublic, ExperimentsPublic
+    from ckptlab.backend.services import queries
+    from ckptlab.db import queue
+    from ckptlab.db.database import make_engine, make_sessionmaker
+    from ckptlab.summary import PER_STEP_FIELDS, RunSummary
+
+    settings = Settings(data_dir=data_dir)
+    engine = make_engine(settings.resolved_database_url)
+    sessions = make_sessionmaker(engine)
+    with sessions() as session:
+        rows, count = queries.query_experiments(session, offset=0, limit=LIST_PAGE)
+        page = ExperimentsPublic(data=[ExperimentPublic.model_validate(r) for r in rows], count=count)
+    exclude = {"data": {"__all__": {"summary": set(PER_STEP_FIELDS)}}}
+    dumps, ours = [], []
+    for _ in range(rounds):
+        t0 = time.process_time()
+        SafeJSONResponse(page.model_dump(mode="json", exclude=exclude))
+        t1 = time.process_time()
+        json_without_per_step(page, "data")
+        t2 = time.process_time()
+        dumps.append((t1 - t0) * 1000)
+        ours.append((t2 - t1) * 1000)
+    q1, q2, q3 = statistics.quantiles([a / b for a, b in zip(dumps, ours, strict=True)], n=4)
+    print(
+        f"{len(rows)} rows, per_step=false, process CPU over {rounds} interleaved rounds: dict + json.dumps "
+        f"{statistics.median(dumps):.1f} ms, json_without_per_step {statistics.median(ours):.1f} ms, "
+        f"ratio {q2:.2f} [{q1:.2f}, {q3:.2f}]"
+    )
+
+    base = {"model": {"kind": "mlp", "depth": 4, "width": 32}, "batch_size": 4, "device": "cpu"}
+    axes = {"checkpoint.segments": [2, 4], "amp": ["off", "bf16"], "checkpoint.preserve_rng_state": [True, False]}
+    with TestClient(create_app(settings), base_url="http://127.0.0.1") as client:
+        made = client.post(
+            "/api/sweeps",
+            json={"name": "bench", "base": {**base, "checkpoint": {"strategy": "sequential"}}, "axes": axes},
+        )
+        made.raise_for_status()
+        sweep = made.json()
+        with sessions() as session:
+            while (exp := queue.claim_next(session, worker_id="bench:1")) is not None:
+                queue.finish_experiment(
+                    session, experiment_id=exp.id, status="succeeded", summary=RunSummary.load(json.loads(summary))
+                )
+        whole = len(client.get(f"/api/sweeps/{sweep['id']}").content)
+        brief = len(client.get(f"/api/sweeps/{sweep['id']}", params={"per_step": "false"}).content)
+    engine.dispose()
+    print(
+        f"a sweep of {len(sweep['experiments'])} runs: GET /api/sweeps/{{id}} {whole:,} B whole, "
+        f"{brief:,} B per_step=false"
+    )
+
+
 def main() -> None:
     """Run the benchmark; print the table."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -151,11 +220,18 @@ def main() -> None:
     ap.add_argument("--timed-steps", type=int, default=20, help="timed steps of the run whose summary they carry")
     ap.add_argument("--rounds", type=int, default=15, help="cold + warm loads of each variant")
     ap.add_argument("--busy", type=int, default=0, help="busy-loop processes beside the page")
+    ap.add_argument("--answers", action="store_true", help="the answers' serialisation and a sweep's size, no browser")
     args = ap.parse_args()
     if not 1 <= args.runs <= LIST_PAGE:
         ap.error(f"--runs must be 1 to {LIST_PAGE}: the list shows {LIST_PAGE} runs a page")
     if args.rounds < 2:
         ap.error("--rounds must be at least 2 (quartiles of the per-round ratios)")
+    if args.answers:
+        with tempfile.TemporaryDirectory() as tmp:
+            summary = _real_summary(Path(tmp), args.timed_steps)
+            _fill(Path(tmp), args.runs - 1, summary)
+            _answers(Path(tmp), summary, rounds=max(args.rounds, 41))
+        return
     if not CHROMIUM.exists():
         sys.exit(f"bench_list_page: {CHROMIUM} not found (make system-deps installs Debian's chromium)")
 
