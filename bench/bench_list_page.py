@@ -165,6 +165,7 @@ def _answers(data_dir: Path, summary: str, rounds: int) -> None:
     from ckptlab.backend.services import queries
     from ckptlab.db import queue
     from ckptlab.db.database import make_engine, make_sessionmaker
+    from ckptlab.domain import Status
     from ckptlab.summary import PER_STEP_FIELDS, RunSummary
 
     settings = Settings(data_dir=data_dir)
@@ -202,7 +203,7 @@ def _answers(data_dir: Path, summary: str, rounds: int) -> None:
         with sessions() as session:
             while (exp := queue.claim_next(session, worker_id="bench:1")) is not None:
                 queue.finish_experiment(
-                    session, experiment_id=exp.id, status="succeeded", summary=RunSummary.load(json.loads(summary))
+                    session, experiment_id=exp.id, status=Status.SUCCEEDED, summary=RunSummary.load(json.loads(summary))
                 )
         whole = len(client.get(f"/api/sweeps/{sweep['id']}").content)
         brief = len(client.get(f"/api/sweeps/{sweep['id']}", params={"per_step": "false"}).content)
